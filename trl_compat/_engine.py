@@ -1,0 +1,389 @@
+"""The patch engine: one registry, one way to gate, one way to apply and revert.
+
+A patch is declared once as a :class:`Patch` (data plus ``probe`` and ``apply``).
+Its life:
+
+1. *Gate* (at ``install()``, cheap): the installed versions, read from
+   ``importlib.metadata`` without importing anything, must lie in the patch's
+   windows. Out of window: "not needed". Unreadable version: "unknown version".
+2. *Wait*: a wrapt post-import hook on the patch's trigger module. It fires at
+   once if the module is already imported, so import order does not matter.
+3. *Probe* the real code: only a probe that finds the bug lets the patch apply.
+4. *Apply* through a :class:`Patcher`, which records every attribute it
+   changes. If ``apply`` raises, the records are undone: nothing is left
+   half-patched. ``revert()`` undoes the same records.
+
+Nothing here raises into the user's program unless ``TRL_COMPAT_STRICT=1``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import threading
+from dataclasses import asdict, dataclass, field
+from types import ModuleType
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence
+
+import wrapt
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+log = logging.getLogger("trl_compat")
+
+# Statuses a patch can be in; the report shows them verbatim.
+PENDING = "pending"  # in window, waiting for its trigger module to be imported
+APPLIED = "applied"
+NOT_NEEDED = "not needed"
+DISABLED = "disabled"
+UNKNOWN_VERSION = "unknown version"
+UNDECIDED = "undecided"  # the probe could not tell whether the bug is there
+TARGET_MISSING = "target missing"
+FAILED = "failed"
+REVERTED = "reverted"
+
+# Statuses that mean "a patch that may be needed could not be applied".
+_TROUBLE = {UNKNOWN_VERSION, UNDECIDED, TARGET_MISSING, FAILED}
+
+MARKER = "__trl_compat_patch__"
+
+
+class TrlCompatError(RuntimeError):
+    """Raised instead of degrading quietly when ``TRL_COMPAT_STRICT=1``."""
+
+
+class Verdict(NamedTuple):
+    """What a probe found. ``needed`` is True, False, or None (cannot tell)."""
+
+    needed: Optional[bool]
+    reason: str
+
+
+def needed(reason: str) -> Verdict:
+    return Verdict(True, reason)
+
+
+def not_needed(reason: str) -> Verdict:
+    return Verdict(False, reason)
+
+
+def undecided(reason: str) -> Verdict:
+    return Verdict(None, reason)
+
+
+@dataclass(frozen=True)
+class Patch:
+    id: str
+    summary: str
+    upstream: str
+    module: str  # importing this module triggers the patch
+    target: str  # dotted path inside ``module``; must resolve before probing
+    requires: Mapping[str, str]  # distribution -> PEP 440 specifier set
+    probe: Callable[[ModuleType], Verdict]
+    apply: Callable[[ModuleType, "Patcher"], None]
+    remove_when: str = ""
+
+
+@dataclass
+class PatchStatus:
+    """One line of ``report()``."""
+
+    id: str
+    status: str
+    reason: str
+    versions: Dict[str, Optional[str]] = field(default_factory=dict)
+    target: str = ""
+    summary: str = ""
+    upstream: str = ""
+
+    def as_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+_MISSING = object()
+
+
+class Patcher:
+    """Records every attribute a patch changes, so it can be undone exactly."""
+
+    def __init__(self, patch_id: str):
+        self.patch_id = patch_id
+        self._changes: List[tuple] = []
+
+    def replace(self, owner: Any, name: str, new: Any) -> Any:
+        """Set ``owner.name = new`` and return the value it replaces (possibly
+        inherited). Undo deletes what was inherited instead of re-setting it."""
+        old = vars(owner).get(name, _MISSING)
+        previous = getattr(owner, name, None)
+        if callable(new):
+            try:
+                setattr(new, MARKER, self.patch_id)
+            except (AttributeError, TypeError):  # builtins, slots
+                pass
+        setattr(owner, name, new)
+        self._changes.append((owner, name, old, new))
+        return previous
+
+    @property
+    def changed(self) -> bool:
+        return bool(self._changes)
+
+    def undo(self) -> None:
+        while self._changes:
+            owner, name, old, new = self._changes.pop()
+            current = vars(owner).get(name, _MISSING)
+            if current is not new:
+                # Someone replaced our value after us; putting the old one
+                # back would silently drop their change.
+                log.warning(
+                    "trl_compat: %s: %s.%s was replaced after %s patched it; left as it is",
+                    self.patch_id, getattr(owner, "__name__", owner), name, self.patch_id,
+                )
+                continue
+            if old is _MISSING:
+                delattr(owner, name)  # was inherited: re-setting would shadow the base
+            else:
+                setattr(owner, name, old)
+
+
+@dataclass
+class _State:
+    status: str = PENDING
+    reason: str = ""
+    versions: Dict[str, Optional[str]] = field(default_factory=dict)
+    generation: int = 0  # bumped by revert(): hooks from older generations do nothing
+    patcher: Optional[Patcher] = None
+
+
+_lock = threading.RLock()
+_registry: Dict[str, Patch] = {}
+_states: Dict[str, _State] = {}
+
+
+def register(patch: Patch) -> None:
+    with _lock:
+        if patch.id in _registry and _registry[patch.id] is not patch:
+            raise ValueError(f"duplicate patch id {patch.id!r}")
+        _registry[patch.id] = patch
+        _states.setdefault(patch.id, _State())
+
+
+def registry() -> List[Patch]:
+    return list(_registry.values())
+
+
+# -- configuration --------------------------------------------------------------
+
+
+def strict() -> bool:
+    return os.environ.get("TRL_COMPAT_STRICT", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _disabled_ids() -> set:
+    raw = os.environ.get("TRL_COMPAT_DISABLE", "")
+    ids = {part.strip() for part in raw.split(",") if part.strip()}
+    unknown = ids - set(_registry) - {"*"}
+    if unknown:
+        log.warning("trl_compat: TRL_COMPAT_DISABLE names unknown patch ids %s; known: %s",
+                    sorted(unknown), sorted(_registry))
+    return ids
+
+
+# -- version gate -----------------------------------------------------------------
+
+
+def dist_version(dist: str) -> Optional[str]:
+    """The installed version of a distribution, without importing it."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _importable_without_metadata(dist: str) -> bool:
+    try:
+        return importlib.util.find_spec(dist.replace("-", "_")) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def gate(patch: Patch):
+    """Return ``(status or None, reason, versions)``; ``None`` means in window."""
+    versions: Dict[str, Optional[str]] = {}
+    for dist, spec in patch.requires.items():
+        raw = dist_version(dist)
+        versions[dist] = raw
+        if raw is None:
+            if _importable_without_metadata(dist):
+                return (UNKNOWN_VERSION,
+                        f"{dist} is importable but has no distribution metadata, so its version is unknown",
+                        versions)
+            return NOT_NEEDED, f"{dist} is not installed", versions
+        try:
+            version = Version(raw)
+        except InvalidVersion:
+            return UNKNOWN_VERSION, f"{dist} reports version {raw!r}, which is not a PEP 440 version", versions
+        try:
+            window = SpecifierSet(spec, prereleases=True)
+        except InvalidSpecifier:  # a bug of ours; never the user's problem
+            return FAILED, f"invalid version window {spec!r} for {dist}", versions
+        if not window.contains(version):
+            return NOT_NEEDED, f"{dist} {raw} is outside the affected window {spec}", versions
+    return None, "", versions
+
+
+# -- lifecycle ----------------------------------------------------------------------
+
+
+def _select(ids: Sequence[str]) -> List[Patch]:
+    unknown = [i for i in ids if i not in _registry]
+    if unknown:
+        raise KeyError(f"unknown trl_compat patch ids: {unknown}")
+    return [_registry[i] for i in ids] if ids else registry()
+
+
+def _set(patch: Patch, status: str, reason: str) -> None:
+    state = _states[patch.id]
+    state.status, state.reason = status, reason
+    if status in _TROUBLE:
+        log.warning("trl_compat: %s: %s (%s); this patch is skipped", patch.id, status, reason)
+        if strict():
+            raise TrlCompatError(f"{patch.id}: {status}: {reason}")
+    else:
+        log.debug("trl_compat: %s: %s (%s)", patch.id, status, reason)
+
+
+def install(*ids: str) -> None:
+    """Gate the given patches (default: all) and hook them to their trigger
+    modules. Idempotent: an applied or waiting patch is left alone."""
+    disabled = _disabled_ids()
+    to_hook = []
+    with _lock:
+        for patch in _select(ids):
+            state = _states[patch.id]
+            if state.patcher is not None or (state.status == PENDING and state.generation > 0):
+                continue
+            if "*" in disabled or patch.id in disabled:
+                _set(patch, DISABLED, "switched off by TRL_COMPAT_DISABLE")
+                continue
+            status, reason, state.versions = gate(patch)
+            if status is not None:
+                _set(patch, status, reason)
+                continue
+            state.generation += 1
+            state.status, state.reason = PENDING, f"waiting for `import {patch.module}`"
+            to_hook.append((patch, state.generation))
+    # Outside our lock: the hook fires right here if the module is already loaded.
+    for patch, generation in to_hook:
+        wrapt.register_post_import_hook(_make_hook(patch.id, generation), patch.module)
+
+
+def _make_hook(patch_id: str, generation: int) -> Callable[[ModuleType], None]:
+    def hook(module: ModuleType) -> None:
+        with _lock:
+            state = _states[patch_id]
+            if state.generation != generation or state.status != PENDING:
+                return  # neutralised by revert(), or already handled
+            _resolve(_registry[patch_id], module)
+            _log_summary_when_settled()
+
+    return hook
+
+
+def _resolve_target(module: ModuleType, dotted: str) -> Any:
+    obj: Any = module
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _resolve(patch: Patch, module: ModuleType) -> None:
+    try:
+        target = _resolve_target(module, patch.target)
+    except AttributeError:
+        _set(patch, TARGET_MISSING, f"{patch.module}.{patch.target} does not exist in this release")
+        return
+    if getattr(target, MARKER, None) == patch.id:
+        # Patched by another copy of trl_compat (e.g. reloaded): never wrap twice.
+        _set(patch, APPLIED, "already patched (found trl_compat's marker on the target)")
+        return
+    try:
+        verdict = patch.probe(module)
+    except Exception as exc:  # noqa: BLE001 - a probe must never break the host
+        _set(patch, FAILED, f"probe raised {type(exc).__name__}: {exc}")
+        return
+    if verdict.needed is None:
+        _set(patch, UNDECIDED, verdict.reason)
+        return
+    if not verdict.needed:
+        _set(patch, NOT_NEEDED, verdict.reason)
+        return
+    patcher = Patcher(patch.id)
+    try:
+        patch.apply(module, patcher)
+    except Exception as exc:  # noqa: BLE001
+        patcher.undo()
+        _set(patch, FAILED, f"apply raised {type(exc).__name__}: {exc}; changes rolled back")
+        return
+    _states[patch.id].patcher = patcher
+    _set(patch, APPLIED, verdict.reason)
+
+
+def revert(*ids: str) -> None:
+    """Undo the given patches (default: all), newest first, and neutralise
+    their hooks that have not fired yet. ``install()`` re-applies."""
+    with _lock:
+        for patch in reversed(_select(ids)):
+            state = _states[patch.id]
+            state.generation += 1
+            if state.patcher is not None:
+                state.patcher.undo()
+                state.patcher = None
+                state.status, state.reason = REVERTED, "reverted by trl_compat.revert()"
+            elif state.status == PENDING:
+                state.status, state.reason = REVERTED, "reverted before its trigger module was imported"
+
+
+def _log_summary_when_settled() -> None:
+    if any(s.status == PENDING for s in _states.values()):
+        return
+    applied = [pid for pid, s in _states.items() if s.status == APPLIED]
+    trouble = [f"{pid} ({s.status})" for pid, s in _states.items() if s.status in _TROUBLE]
+    others = len(_states) - len(applied) - len(trouble)
+    log.info(
+        "trl_compat: applied %s; %d not needed or disabled%s (details: python -m trl_compat)",
+        ", ".join(applied) or "nothing", others,
+        f"; skipped: {', '.join(trouble)}" if trouble else "",
+    )
+
+
+def report() -> List[PatchStatus]:
+    with _lock:
+        return [
+            PatchStatus(
+                id=p.id, status=_states[p.id].status, reason=_states[p.id].reason,
+                versions=dict(_states[p.id].versions), target=f"{p.module}.{p.target}",
+                summary=p.summary, upstream=p.upstream,
+            )
+            for p in _registry.values()
+        ]
+
+
+def status(patch_id: str) -> str:
+    return _states[patch_id].status
+
+
+def applied() -> List[str]:
+    with _lock:
+        return [pid for pid, s in _states.items() if s.status == APPLIED]
+
+
+def unregister(patch_id: str) -> None:
+    """Revert and forget a patch (for tests that register their own)."""
+    with _lock:
+        if patch_id in _registry:
+            revert(patch_id)
+            del _registry[patch_id]
+            del _states[patch_id]
