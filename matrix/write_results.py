@@ -1,0 +1,98 @@
+"""Fold every cell's report and test results into matrix/RESULTS.md.
+
+Usage: python matrix/write_results.py RESULTS_DIR OUTPUT.md
+RESULTS_DIR holds ``<cell>.json`` (``python -m trl_compat --json``) and
+``<cell>.xml`` (pytest's JUnit XML) for each cell that ran.
+"""
+
+import collections
+import datetime
+import json
+import pathlib
+import sys
+import xml.etree.ElementTree as ET
+
+STACK = ("torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "vllm")
+
+
+def outcomes(xml_path):
+    """{test module: Counter(passed/failed/skipped)} from a JUnit XML file."""
+    per_module = collections.defaultdict(collections.Counter)
+    if not xml_path.exists():
+        return per_module
+    for case in ET.parse(xml_path).iter("testcase"):
+        module = case.get("classname", "?").split(".")
+        module = next((part for part in module if part.startswith("test_")), module[-1])
+        kinds = {child.tag for child in case}
+        if kinds & {"failure", "error"}:
+            per_module[module]["failed"] += 1
+        elif "skipped" in kinds:
+            per_module[module]["skipped"] += 1
+        else:
+            per_module[module]["passed"] += 1
+    return per_module
+
+
+def main(results_dir, output):
+    results_dir = pathlib.Path(results_dir)
+    cells = sorted(p.stem for p in results_dir.glob("*.json"))
+    reports = {c: json.loads((results_dir / f"{c}.json").read_text()) for c in cells}
+    tests = {c: outcomes(results_dir / f"{c}.xml") for c in cells}
+    patch_ids = []
+    for data in reports.values():
+        for rec in data["patches"]:
+            if rec["id"] not in patch_ids:
+                patch_ids.append(rec["id"])
+
+    lines = [
+        "# Matrix results",
+        "",
+        f"Written by `matrix/write_results.py` at the end of a tox matrix run ({datetime.date.today()}).",
+        "Each cell is a fresh venv pinned by `matrix/cells/<cell>.txt`; its status column is",
+        "`python -m trl_compat --json` in that venv, its test column the pytest outcome there.",
+        "",
+        "## Patch status per cell",
+        "",
+        "| cell | " + " | ".join(f"`{p}`" for p in patch_ids) + " |",
+        "|---|" + "---|" * len(patch_ids),
+    ]
+    for cell in cells:
+        status = {rec["id"]: rec["status"] for rec in reports[cell]["patches"]}
+        lines.append(f"| {cell} | " + " | ".join(status.get(p, "-") for p in patch_ids) + " |")
+
+    modules = sorted({m for per in tests.values() for m in per})
+    lines += [
+        "",
+        "## Tests per cell (passed / failed / skipped)",
+        "",
+        "| cell | " + " | ".join(modules) + " |",
+        "|---|" + "---|" * len(modules),
+    ]
+    total = collections.Counter()
+    for cell in cells:
+        row = []
+        for module in modules:
+            c = tests[cell].get(module, collections.Counter())
+            total.update(c)
+            row.append(f"{c['passed']} / {c['failed']} / {c['skipped']}" if c else "-")
+        lines.append(f"| {cell} | " + " | ".join(row) + " |")
+
+    lines += ["", "## Versions per cell", "", "| cell | " + " | ".join(STACK) + " |", "|---|" + "---|" * len(STACK)]
+    for cell in cells:
+        v = reports[cell]["versions"]
+        lines.append(f"| {cell} | " + " | ".join(v.get(d) or "-" for d in STACK) + " |")
+
+    lines += ["", "## Reasons", ""]
+    for cell in cells:
+        lines.append(f"<details><summary>{cell}</summary>\n")
+        for rec in reports[cell]["patches"]:
+            lines.append(f"- `{rec['id']}`: **{rec['status']}**: {rec['reason']}")
+        lines.append("\n</details>")
+    pathlib.Path(output).write_text("\n".join(lines) + "\n")
+    print(f"wrote {output} for {len(cells)} cells")
+    print(f"matrix: {total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
+    return 1 if total["failed"] or not cells else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:3]))

@@ -1,0 +1,349 @@
+"""The engine on synthetic modules: runs in every cell, trl or not."""
+
+import importlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import uuid
+
+import pytest
+
+import trl_compat
+from trl_compat import _engine as engine
+from trl_compat._engine import Patch, needed, not_needed, undecided
+
+TRAINER_SRC = '''
+class Base:
+    def step(self, x):
+        return ("base", x)
+
+class Trainer(Base):
+    def other(self):
+        return "other"
+'''
+
+
+@pytest.fixture
+def fake_pkg(tmp_path, monkeypatch):
+    """A fresh, not yet imported package ``<name>.trainer`` with an inherited method."""
+    name = "tcfake_" + uuid.uuid4().hex[:8]
+    pkg = tmp_path / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "trainer.py").write_text(TRAINER_SRC)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name + ".trainer"
+    for mod in [m for m in sys.modules if m.startswith(name)]:
+        del sys.modules[mod]
+
+
+calls = []
+
+
+def wrap_step(module, patcher):
+    original = module.Trainer.step
+
+    def step(self, *args, **kwargs):
+        calls.append(args)
+        return ("patched",) + original(self, *args, **kwargs)[1:]
+
+    patcher.replace(module.Trainer, "step", step)
+
+
+def make_patch(module, pid=None, probe=lambda m: needed("bug found"), apply=wrap_step,
+               target="Trainer.step", requires=None):
+    patch = Patch(
+        id=pid or "test-" + uuid.uuid4().hex[:6], summary="test patch", upstream="none",
+        module=module, target=target, requires=requires or {}, probe=probe, apply=apply,
+    )
+    engine.register(patch)
+    return patch
+
+
+@pytest.fixture(autouse=True)
+def forget_test_patches(monkeypatch):
+    monkeypatch.delenv("TRL_COMPAT_STRICT", raising=False)
+    monkeypatch.delenv("TRL_COMPAT_DISABLE", raising=False)
+    calls.clear()
+    yield
+    for patch in engine.registry():
+        if patch.id.startswith("test-"):
+            engine.unregister(patch.id)
+
+
+def test_applies_when_the_module_is_imported_after_install(fake_pkg):
+    patch = make_patch(fake_pkg)
+    trl_compat.install(patch.id)
+    assert trl_compat.status(patch.id) == trl_compat.PENDING
+    mod = importlib.import_module(fake_pkg)
+    assert trl_compat.status(patch.id) == trl_compat.APPLIED
+    assert mod.Trainer().step(1) == ("patched", 1)
+
+
+def test_applies_when_the_module_was_imported_before(fake_pkg):
+    mod = importlib.import_module(fake_pkg)
+    patch = make_patch(fake_pkg)
+    trl_compat.install(patch.id)
+    assert trl_compat.status(patch.id) == trl_compat.APPLIED
+    assert mod.Trainer().step(2) == ("patched", 2)
+
+
+def test_install_twice_wraps_once(fake_pkg):
+    mod = importlib.import_module(fake_pkg)
+    patch = make_patch(fake_pkg)
+    trl_compat.install(patch.id)
+    trl_compat.install(patch.id)
+    importlib.import_module(fake_pkg)
+    assert mod.Trainer().step(3) == ("patched", 3)
+    assert calls == [(3,)]
+
+
+def test_concurrent_installs_wrap_once(fake_pkg):
+    mod = importlib.import_module(fake_pkg)
+    patch = make_patch(fake_pkg)
+    barrier = threading.Barrier(4)
+
+    def go():
+        barrier.wait()
+        trl_compat.install(patch.id)
+
+    threads = [threading.Thread(target=go) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    mod.Trainer().step(4)
+    assert calls == [(4,)]
+
+
+def test_revert_of_an_inherited_method_deletes_it(fake_pkg):
+    mod = importlib.import_module(fake_pkg)
+    patch = make_patch(fake_pkg)
+    assert "step" not in vars(mod.Trainer)
+    trl_compat.install(patch.id)
+    assert "step" in vars(mod.Trainer)
+    trl_compat.revert(patch.id)
+    assert "step" not in vars(mod.Trainer)
+    assert mod.Trainer().step(5) == ("base", 5)
+    assert trl_compat.status(patch.id) == trl_compat.REVERTED
+    trl_compat.install(patch.id)  # and it can come back
+    assert mod.Trainer().step(6) == ("patched", 6)
+
+
+def test_revert_restores_an_own_attribute_exactly(fake_pkg):
+    mod = importlib.import_module(fake_pkg)
+    before = vars(mod.Trainer)["other"]
+
+    def apply(module, patcher):
+        patcher.replace(module.Trainer, "other", lambda self: "patched")
+
+    patch = make_patch(fake_pkg, target="Trainer.other", apply=apply)
+    trl_compat.install(patch.id)
+    assert mod.Trainer().other() == "patched"
+    trl_compat.revert(patch.id)
+    assert vars(mod.Trainer)["other"] is before
+
+
+def test_revert_neutralises_a_hook_that_has_not_fired(fake_pkg):
+    patch = make_patch(fake_pkg)
+    trl_compat.install(patch.id)
+    trl_compat.revert(patch.id)
+    mod = importlib.import_module(fake_pkg)
+    assert mod.Trainer().step(7) == ("base", 7)
+    assert trl_compat.status(patch.id) == trl_compat.REVERTED
+
+
+def test_apply_that_raises_half_way_leaves_nothing_patched(fake_pkg, caplog):
+    mod = importlib.import_module(fake_pkg)
+    before = dict(vars(mod.Trainer))
+
+    def apply(module, patcher):
+        patcher.replace(module.Trainer, "step", lambda self, x: "half")
+        patcher.replace(module.Trainer, "other", lambda self: "half")
+        raise RuntimeError("boom after two changes")
+
+    patch = make_patch(fake_pkg, apply=apply)
+    with caplog.at_level(logging.WARNING, logger="trl_compat"):
+        trl_compat.install(patch.id)
+    assert trl_compat.status(patch.id) == trl_compat.FAILED
+    assert "boom after two changes" in caplog.text and patch.id in caplog.text
+    assert dict(vars(mod.Trainer)) == before
+    assert mod.Trainer().step(8) == ("base", 8)
+
+
+def test_probe_that_raises_is_reported_not_raised(fake_pkg, caplog):
+    importlib.import_module(fake_pkg)
+
+    def probe(module):
+        raise ValueError("probe exploded")
+
+    patch = make_patch(fake_pkg, probe=probe)
+    with caplog.at_level(logging.WARNING, logger="trl_compat"):
+        trl_compat.install(patch.id)
+    assert trl_compat.status(patch.id) == trl_compat.FAILED
+    assert "probe exploded" in caplog.text
+
+
+def test_strict_mode_raises(fake_pkg, monkeypatch):
+    importlib.import_module(fake_pkg)
+    monkeypatch.setenv("TRL_COMPAT_STRICT", "1")
+
+    def probe(module):
+        raise ValueError("probe exploded")
+
+    patch = make_patch(fake_pkg, probe=probe)
+    with pytest.raises(trl_compat.TrlCompatError, match="probe exploded"):
+        trl_compat.install(patch.id)
+
+
+def test_strict_mode_raises_at_import_time(fake_pkg, monkeypatch):
+    monkeypatch.setenv("TRL_COMPAT_STRICT", "1")
+    patch = make_patch(fake_pkg, target="Trainer.renamed_method")
+    trl_compat.install(patch.id)
+    with pytest.raises(trl_compat.TrlCompatError, match="target missing"):
+        importlib.import_module(fake_pkg)
+
+
+def test_missing_target(fake_pkg, caplog):
+    mod = importlib.import_module(fake_pkg)
+    patch = make_patch(fake_pkg, target="Trainer.renamed_method")
+    with caplog.at_level(logging.WARNING, logger="trl_compat"):
+        trl_compat.install(patch.id)
+    assert trl_compat.status(patch.id) == trl_compat.TARGET_MISSING
+    assert "renamed_method" in caplog.text
+    assert mod.Trainer().step(9) == ("base", 9)
+
+
+def test_probe_verdicts(fake_pkg):
+    mod = importlib.import_module(fake_pkg)
+    fixed = make_patch(fake_pkg, probe=lambda m: not_needed("fixed upstream"))
+    unsure = make_patch(fake_pkg, probe=lambda m: undecided("cannot tell"))
+    trl_compat.install(fixed.id, unsure.id)
+    assert trl_compat.status(fixed.id) == trl_compat.NOT_NEEDED
+    assert trl_compat.status(unsure.id) == trl_compat.UNDECIDED
+    assert "step" not in vars(mod.Trainer)
+    reasons = {r.id: r.reason for r in trl_compat.report()}
+    assert reasons[fixed.id] == "fixed upstream" and reasons[unsure.id] == "cannot tell"
+
+
+@pytest.mark.parametrize("value", ["one-id", "*", " x , one-id "])
+def test_disable(fake_pkg, monkeypatch, value):
+    mod = importlib.import_module(fake_pkg)
+    patch = make_patch(fake_pkg, pid="test-one-id")
+    monkeypatch.setenv("TRL_COMPAT_DISABLE", value.replace("one-id", patch.id))
+    trl_compat.install(patch.id)
+    assert trl_compat.status(patch.id) == trl_compat.DISABLED
+    assert mod.Trainer().step(10) == ("base", 10)
+
+
+def test_a_second_copy_of_the_engine_does_not_wrap_again(fake_pkg):
+    mod = importlib.import_module(fake_pkg)
+    first = make_patch(fake_pkg, pid="test-twin")
+    trl_compat.install(first.id)
+    # What a reloaded copy of trl_compat sees: the class is patched, its own state is fresh.
+    del engine._registry["test-twin"], engine._states["test-twin"]
+    make_patch(fake_pkg, pid="test-twin")
+    trl_compat.install("test-twin")
+    assert trl_compat.status("test-twin") == trl_compat.APPLIED
+    assert "already patched" in {r.id: r.reason for r in trl_compat.report()}["test-twin"]
+    assert mod.Trainer().step(11) == ("patched", 11)
+    assert calls == [(11,)]
+    delattr(mod.Trainer, "step")  # the first copy's wrapper; no record of it is left to revert
+
+
+@pytest.mark.parametrize(
+    "installed, window, expected",
+    [
+        ("0.15.0", ">=0.15.0.dev0,<0.15.1", None),
+        ("0.15.0.dev0", ">=0.15.0.dev0,<0.15.1", None),
+        ("0.15.0+cu124", ">=0.15.0.dev0,<0.15.1", None),
+        ("0.14.0", "<0.16", None),
+        ("0.15.1", ">=0.15.0.dev0,<0.15.1", trl_compat.NOT_NEEDED),
+        ("0.16.0.dev0", "<0.16", trl_compat.NOT_NEEDED),
+        ("1.16.0", "<0.20", trl_compat.NOT_NEEDED),
+        ("not a version", "<0.20", trl_compat.UNKNOWN_VERSION),
+    ],
+)
+def test_version_gate(monkeypatch, installed, window, expected):
+    monkeypatch.setattr(engine, "dist_version", lambda dist: installed)
+    patch = Patch(id="test-gate", summary="", upstream="", module="x", target="y",
+                  requires={"trl": window}, probe=None, apply=None)
+    status, reason, versions = engine.gate(patch)
+    assert status == expected, reason
+    assert versions == {"trl": installed}
+    if expected == trl_compat.UNKNOWN_VERSION:
+        assert repr(installed) in reason
+
+
+def test_version_gate_without_metadata(monkeypatch):
+    monkeypatch.setattr(engine, "dist_version", lambda dist: None)
+    missing = Patch(id="test-gate", summary="", upstream="", module="x", target="y",
+                    requires={"surely-not-installed-dist": ">=0"}, probe=None, apply=None)
+    assert engine.gate(missing)[0] == trl_compat.NOT_NEEDED
+    # importable but no metadata (e.g. a source checkout on sys.path): unknown, not guessed
+    importable = Patch(id="test-gate", summary="", upstream="", module="x", target="y",
+                       requires={"wrapt": ">=0"}, probe=None, apply=None)
+    status, reason, _ = engine.gate(importable)
+    assert status == trl_compat.UNKNOWN_VERSION and "no distribution metadata" in reason
+
+
+def test_summary_line_once_settled(fake_pkg, caplog):
+    patch = make_patch(fake_pkg)
+    with caplog.at_level(logging.INFO, logger="trl_compat"):
+        trl_compat.install(patch.id)
+        importlib.import_module(fake_pkg)
+    summaries = [r for r in caplog.records if r.levelno == logging.INFO and "applied" in r.getMessage()]
+    if any(s.status == trl_compat.PENDING for s in trl_compat.report()):
+        pytest.skip("other patches still wait for their modules in this cell")
+    assert len(summaries) == 1 and patch.id in summaries[0].getMessage()
+
+
+def run_py(code, **env):
+    full_env = dict(os.environ, **env)
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                         text=True, env=full_env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_import_is_light():
+    out = run_py("""
+        import sys, trl_compat
+        heavy = [m for m in ("torch", "transformers", "trl", "peft", "deepspeed", "vllm") if m in sys.modules]
+        print(heavy)
+    """)
+    assert out.strip() == "[]"
+
+
+def test_cli_json_and_table():
+    data = json.loads(run_py("import sys; from trl_compat.__main__ import main; sys.exit(main(['--json']))"))
+    assert set(data["versions"]) >= {"python", "torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "vllm"}
+    assert [p["id"] for p in data["patches"]] == [p.id for p in engine.registry() if not p.id.startswith("test-")]
+    for rec in data["patches"]:
+        assert rec["status"] != trl_compat.PENDING, rec  # the CLI imports trigger modules
+        assert rec["reason"]
+    table = run_py("import runpy; runpy.run_module('trl_compat', run_name='__main__')")
+    assert "patch" in table and "status" in table
+    for rec in data["patches"]:
+        assert rec["id"] in table
+
+
+IMPORT_ORDERS = {
+    "trl_compat first": "import trl_compat\nfrom trl import GRPOTrainer\nimport trl.trainer.grpo_trainer, trl.models.utils",
+    "trl first": "from trl import GRPOTrainer\nimport trl.trainer.grpo_trainer, trl.models.utils\nimport trl_compat",
+}
+
+
+def test_import_order_does_not_matter_on_real_trl():
+    pytest.importorskip("trl")
+    reports = {}
+    for order, code in IMPORT_ORDERS.items():
+        out = run_py(code + "\nimport json\nprint(json.dumps([(r.id, r.status) for r in trl_compat.report()]))")
+        reports[order] = json.loads(out.strip().splitlines()[-1])
+    first, second = reports.values()
+    assert first == second
+    assert all(status != trl_compat.PENDING for _, status in first)
