@@ -1,0 +1,242 @@
+"""Sweep every TRL release on PyPI from 0.14.0 to the newest: import trl_compat,
+import TRL's GRPO modules, take ``trl_compat.report()``; write matrix/SWEEP.md.
+
+trl is pure Python, so each release is swapped (``pip install --no-deps``) into one
+base venv per transformers line instead of building a venv per release:
+
+* releases <= 0.19 use the 0.19.1 cell's pins (transformers 4.53.3) plus deepspeed 0.16.4;
+* later releases use the newest base whose transformers satisfies the release's own
+  ``Requires-Dist`` (transformers 5.x from the ``trl-newest`` cell, else 4.57.6).
+
+A row is flagged when importing trl_compat or taking the report raises, when a
+traceback through trl_compat escapes into an import, or when a patch applies to a
+release outside the window where research found its bug (``KNOWN`` below, kept
+independent of the patches' own windows on purpose).
+
+Usage: python matrix/sweep.py [--work DIR] [--versions 0.14.0,0.15.0] [--output matrix/SWEEP.md]
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+import zipfile
+
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CELLS = ROOT / "matrix" / "cells"
+FIRST = Version("0.14.0")
+
+V = Version
+KNOWN = {
+    # bug present (per research/trl-bugs.md) for these TRL releases, whatever else is installed
+    "peft-optional": lambda v, ds: False,  # needs peft missing; the sweep bases have peft
+    "vllm-lora-names": lambda v, ds: v == V("0.14.0"),
+    "vllm-merged-weights": lambda v, ds: v == V("0.15.0"),
+    "logits-to-keep": lambda v, ds: V("0.14.0") <= v < V("0.20.0"),
+    "zero3-unwrap": lambda v, ds: V("0.14.0") <= v < V("0.16.0"),
+    "zero3-hooks-api": lambda v, ds: V("0.14.0") <= v < V("0.16.0") and ds is not None and ds >= V("0.16.4"),
+}
+
+CHECK = r"""
+import json, traceback
+out = {"crash": None, "imports": {}, "report": []}
+try:
+    import trl_compat
+except Exception:
+    out["crash"] = traceback.format_exc()
+else:
+    for name in ("trl.trainer.grpo_trainer", "trl.models.utils"):
+        try:
+            __import__(name)
+            out["imports"][name] = "ok"
+        except Exception as exc:
+            tb = traceback.format_exc()
+            out["imports"][name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
+            if "trl_compat" in tb:
+                out["crash"] = tb
+    try:
+        out["report"] = [r.as_dict() for r in trl_compat.report()]
+    except Exception:
+        out["crash"] = traceback.format_exc()
+import importlib.metadata as md
+def ver(d):
+    try: return md.version(d)
+    except md.PackageNotFoundError: return None
+out["versions"] = {d: ver(d) for d in ("trl", "transformers", "deepspeed", "peft", "accelerate")}
+print("SWEEP-JSON " + json.dumps(out))
+"""
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw)
+
+
+def pins(cell, drop=("trl",)):
+    lines = []
+    for line in (CELLS / f"{cell}.txt").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and Requirement(line).name.lower() not in drop:
+            lines.append(line)
+    return lines
+
+
+BASES = {
+    "tf4.53": lambda: pins("trl0.19.1-tf4.53.3") + ["deepspeed==0.16.4"],
+    "tf4.57": lambda: ["torch==2.13.0", "transformers==4.57.6", "accelerate", "datasets", "peft",
+                       "deepspeed==0.19.8", "pytest", "wrapt", "packaging"],
+    "tf5": lambda: pins("trl-newest"),
+}
+
+
+def base_python(work, name):
+    venv = work / f"base-{name}"
+    python = venv / "bin" / "python"
+    if not (venv / ".ready").exists():
+        t0 = time.time()
+        run([sys.executable, "-m", "venv", "--clear", str(venv)])
+        run([str(python), "-m", "pip", "install", "-q", *BASES[name]()])
+        run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(ROOT)])
+        (venv / ".ready").write_text(f"{time.time() - t0:.0f}s\n")
+    return python
+
+
+def trl_releases():
+    out = run([sys.executable, "-m", "pip", "index", "versions", "trl"]).stdout
+    listed = re.search(r"Available versions: (.*)", out).group(1).split(", ")
+    return sorted((V(v) for v in listed if not V(v).is_prerelease and V(v) >= FIRST))
+
+
+def wheel_requirements(wheel):
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        text = zf.read(meta).decode()
+    reqs = [Requirement(line.split(":", 1)[1].strip()) for line in text.splitlines() if line.startswith("Requires-Dist:")]
+    return [r for r in reqs if not r.marker or r.marker.evaluate({"extra": ""})]
+
+
+def base_transformers(work, name):
+    python = base_python(work, name)
+    return V(run([str(python), "-c", "import importlib.metadata as m; print(m.version('transformers'))"]).stdout.strip())
+
+
+def choose_base(work, version, reqs):
+    if version < V("0.20.0"):
+        return "tf4.53"
+    spec = next((r.specifier for r in reqs if r.name == "transformers"), None)
+    for name in ("tf5", "tf4.57"):
+        if spec is None or spec.contains(base_transformers(work, name), prereleases=True):
+            return name
+    return "tf4.57"
+
+
+def sweep_one(work, version):
+    wheels = work / "wheels"
+    wheels.mkdir(exist_ok=True)
+    found = list(wheels.glob(f"trl-{version}-*.whl"))
+    if not found:
+        run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
+             "-d", str(wheels), f"trl=={version}"])
+        found = list(wheels.glob(f"trl-{version}-*.whl"))
+    reqs = wheel_requirements(found[0])
+    base = choose_base(work, version, reqs)
+    python = base_python(work, base)
+    run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(found[0])])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRL_COMPAT_")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    proc = subprocess.run([str(python), "-c", CHECK], text=True, capture_output=True, env=env, timeout=600)
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("SWEEP-JSON ")), None)
+    if line is None:
+        return {"version": str(version), "base": base, "crash": f"checker died (rc {proc.returncode}): {proc.stderr[-800:]}",
+                "imports": {}, "report": [], "versions": {}}
+    data = json.loads(line[len("SWEEP-JSON "):])
+    data.update(version=str(version), base=base)
+    return data
+
+
+def judge(row):
+    v = V(row["version"])
+    ds = row.get("versions", {}).get("deepspeed")
+    ds = V(ds) if ds else None
+    problems = []
+    if row["crash"]:
+        problems.append("CRASH")
+    for rec in row["report"]:
+        if rec["status"] == "applied" and not KNOWN.get(rec["id"], lambda *_: False)(v, ds):
+            problems.append(f"WRONG {rec['id']}")
+    return problems
+
+
+def write(rows, output, seconds):
+    ids = []
+    for row in rows:
+        for rec in row["report"]:
+            if rec["id"] not in ids:
+                ids.append(rec["id"])
+    crashes = sum(bool(r["crash"]) for r in rows)
+    wrong = sum(p.startswith("WRONG") for r in rows for p in judge(r))
+    lines = [
+        "# Sweep: every TRL release from 0.14.0 to the newest",
+        "",
+        f"Written by `matrix/sweep.py` ({len(rows)} releases, {seconds:.0f} s). Each release was swapped into a",
+        "base venv (`--no-deps`), then `import trl_compat`, `import trl.trainer.grpo_trainer, trl.models.utils`",
+        "and `trl_compat.report()` ran in a fresh process, without `TRL_COMPAT_STRICT`.",
+        "",
+        f"**{crashes} crashes, {wrong} wrong applications.** A wrong application is a patch applied to a release",
+        "outside the window where research found its bug. Short statuses: A applied, - not needed, P pending",
+        "(its module did not import), U undecided, ? unknown version, M target missing, F failed, D disabled.",
+        "",
+        "| trl | base (transformers) | grpo import | " + " | ".join(f"`{i}`" for i in ids) + " | flags |",
+        "|---|---|---|" + "---|" * len(ids) + "---|",
+    ]
+    short = {"applied": "A", "not needed": "-", "pending": "P", "undecided": "U", "unknown version": "?",
+             "target missing": "M", "failed": "F", "disabled": "D", "reverted": "R"}
+    for row in rows:
+        status = {rec["id"]: rec["status"] for rec in row["report"]}
+        grpo = row["imports"].get("trl.trainer.grpo_trainer", "-")
+        tf = row.get("versions", {}).get("transformers")
+        lines.append(
+            f"| {row['version']} | {row['base']} ({tf}) | {'ok' if grpo == 'ok' else grpo.replace('|', '/')} | "
+            + " | ".join(short.get(status.get(i), status.get(i, "")) for i in ids)
+            + f" | {', '.join(judge(row)) or 'ok'} |"
+        )
+    notes = [(row["version"], rec["id"], rec["status"], rec["reason"]) for row in rows for rec in row["report"]
+             if rec["status"] in ("undecided", "target missing", "failed", "unknown version")]
+    if notes:
+        lines += ["", "## Patches that could not decide or apply", ""]
+        lines += [f"- trl {v} `{pid}`: {st}: {reason}" for v, pid, st, reason in notes]
+    for row in rows:
+        if row["crash"]:
+            lines += ["", f"## Crash on trl {row['version']}", "", "```", row["crash"][-2000:], "```"]
+    pathlib.Path(output).write_text("\n".join(lines) + "\n")
+    print(f"sweep: {len(rows) - crashes - wrong} passed, {crashes + wrong} failed")
+    return 1 if crashes or wrong else 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", default=str(ROOT / ".tox" / "sweep-work"))
+    parser.add_argument("--versions", default="")
+    parser.add_argument("--output", default=str(ROOT / "matrix" / "SWEEP.md"))
+    args = parser.parse_args()
+    work = pathlib.Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    versions = [V(v) for v in args.versions.split(",") if v] or trl_releases()
+    t0 = time.time()
+    rows = []
+    for version in versions:
+        row = sweep_one(work, version)
+        rows.append(row)
+        print(f"trl {row['version']:>8} [{row['base']}]: "
+              + " ".join(f"{r['id']}={r['status']}" for r in row["report"]) + f"  {judge(row) or ''}", flush=True)
+    return write(rows, args.output, time.time() - t0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
