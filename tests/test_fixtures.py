@@ -1,0 +1,298 @@
+"""Tests of the offline test fixtures: ``tiny.py``, ``grpo_run.py`` and the vLLM stand-in.
+
+The stand-in tests skip unless ``pip install ./tests/vllm_standin`` was run in this venv; the
+GRPO + vLLM run additionally skips where TRL has no colocated vLLM path (TRL >= 0.16).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+try:
+    import grpo_run
+    import tiny
+except ImportError:  # tests/ is a package
+    from tests import grpo_run, tiny
+
+STANDIN = grpo_run.standin_vllm_installed()
+requires_standin = pytest.mark.skipif(not STANDIN, reason="vLLM stand-in not installed (pip install ./tests/vllm_standin)")
+
+
+# --------------------------------------------------------------------------------------------------
+# tiny.py
+# --------------------------------------------------------------------------------------------------
+def test_tokenizer_round_trips_and_pads_left(tmp_path):
+    tok = tiny.make_tokenizer()
+    assert len(tok) == tiny.VOCAB_SIZE
+    assert (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id) == (0, 1, 2)
+    for prompt in tiny.prompt_dataset(8)["prompt"]:
+        ids = tok(prompt).input_ids
+        assert tok.unk_token_id not in ids
+        assert tok.decode(ids) == prompt
+    enc = tok(["baba bafe", "baba bafe baki bamo"], padding=True, return_tensors="pt")
+    assert set(enc.keys()) == {"input_ids", "attention_mask"}  # no token_type_ids (TRL 0.14 generate)
+    assert enc.input_ids[0, :2].tolist() == [tok.pad_token_id] * 2  # left padding
+    assert enc.attention_mask[0].tolist() == [0, 0, 1, 1]
+    assert tok.decode([tok.eos_token_id, 5], skip_special_tokens=True) == tiny.vocab_words()[2]
+
+    from transformers import AutoTokenizer
+
+    tiny.save_tiny(tmp_path / "m", "qwen2", tokenizer=tok)
+    again = AutoTokenizer.from_pretrained(tmp_path / "m")
+    assert again.padding_side == "left"
+    assert list(again.model_input_names) == ["input_ids", "attention_mask"]
+    assert again("bele biva").input_ids == tok("bele biva").input_ids
+
+
+@pytest.mark.parametrize("arch", tiny.ARCHS)
+def test_model_shape_and_determinism(arch, tmp_path):
+    model = tiny.make_model(arch)
+    cfg = model.config
+    assert type(model).__name__ == {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}[arch]
+    assert tiny.head_dim_of(cfg) >= 32
+    assert cfg.vocab_size == len(tiny.make_tokenizer())
+    assert cfg.num_key_value_heads < cfg.num_attention_heads
+    assert not cfg.tie_word_embeddings
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+    # deterministic and does not consume the global RNG
+    state = torch.random.get_rng_state()
+    other = tiny.make_model(arch)
+    assert torch.equal(state, torch.random.get_rng_state())
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values()))
+    # loadable from disk
+    from transformers import AutoModelForCausalLM
+
+    path = tiny.save_tiny(tmp_path / arch, arch)
+    loaded = AutoModelForCausalLM.from_pretrained(path)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
+
+
+def test_varying_reward_varies():
+    tok = tiny.make_tokenizer()
+    model = tiny.make_model()
+    enc = tok([tiny.prompt_dataset(1)["prompt"][0]] * 8, return_tensors="pt")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        out = model.generate(**enc, max_new_tokens=8, do_sample=True, pad_token_id=tok.pad_token_id)
+    completions = tok.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
+    rewards = tiny.varying_reward(prompts=[""] * 8, completions=completions)
+    assert len(set(rewards)) > 1
+    assert rewards == tiny.varying_reward([""] * 8, completions)  # deterministic
+    conv = tiny.varying_reward(["p"], [[{"role": "assistant", "content": completions[0]}]])
+    assert conv == rewards[:1]
+
+
+# --------------------------------------------------------------------------------------------------
+# vLLM stand-in
+# --------------------------------------------------------------------------------------------------
+def _packed(arch="qwen2", **overrides):
+    from vllm.model_executor.models import build_model
+
+    hf = tiny.make_model(arch, **overrides)
+    return hf, build_model(hf.config, torch.float32)
+
+
+@requires_standin
+def test_standin_identity():
+    import importlib.metadata
+
+    import vllm
+
+    assert importlib.metadata.version("vllm") == "0.7.2"
+    assert vllm.__stand_in__ is True
+    from trl.import_utils import is_vllm_available
+
+    assert is_vllm_available()
+    # what TRL 0.14-0.19 import or patch
+    from vllm import LLM, SamplingParams  # noqa: F401
+    from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator  # noqa: F401
+    from vllm.distributed.utils import StatelessProcessGroup  # noqa: F401
+    from vllm.sampling_params import GuidedDecodingParams  # noqa: F401
+    from vllm.worker.worker import Worker
+
+    assert callable(Worker._assert_memory_footprint_increased_during_profiling)
+    import trl.trainer.grpo_trainer  # noqa: F401  (imports vllm at module level when available)
+
+
+@requires_standin
+@pytest.mark.parametrize("arch,root", [("qwen2", "Qwen2ForCausalLM"), ("llama", "LlamaForCausalLM")])
+def test_standin_rejects_peft_names(arch, root):
+    from peft import LoraConfig, get_peft_model
+
+    hf, packed = _packed(arch)
+    peft_model = get_peft_model(hf, LoraConfig(r=8, target_modules=grpo_run.LORA_TARGETS, task_type="CAUSAL_LM"))
+    with pytest.raises(ValueError) as err:
+        packed.load_weights(peft_model.state_dict().items())
+    assert str(err.value) == f"There is no module or parameter named 'base_model' in {root}"
+    assert packed.received_names[-1] == list(peft_model.state_dict().keys())
+    # prefix stripped but .base_layer kept: vLLM's bare KeyError on the rewritten inner name
+    with pytest.raises(KeyError) as err:
+        packed.load_weights([("model.layers.0.self_attn.q_proj.base_layer.weight", torch.zeros(128, 128))])
+    assert err.value.args == ("layers.0.self_attn.qkv_proj.base_layer.weight",)
+    with pytest.raises(ValueError, match=r"^There is no module or parameter named 'lm_head.foo' in " + root):
+        packed.load_weights([("lm_head.foo", torch.zeros(1))])
+
+
+@requires_standin
+@pytest.mark.parametrize("arch", tiny.ARCHS)
+def test_standin_loads_plain_state_dict(arch):
+    hf, packed = _packed(arch)
+    reference = hf.state_dict()
+    assert packed.hf_state_dict().keys() == reference.keys()
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(packed.hf_state_dict()[name], reference[name])  # not loaded yet
+    loaded = packed.load_weights(reference.items())
+    layers = range(hf.config.num_hidden_layers)
+    expected = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
+    for i in layers:
+        p = f"model.layers.{i}."
+        expected |= {p + "self_attn.qkv_proj.weight", p + "self_attn.o_proj.weight", p + "mlp.gate_up_proj.weight",
+                     p + "mlp.down_proj.weight", p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
+        if arch == "qwen2":
+            expected.add(p + "self_attn.qkv_proj.bias")
+    assert loaded == expected
+    got = packed.hf_state_dict()
+    assert got.keys() == reference.keys()
+    for name, tensor in reference.items():
+        assert torch.equal(got[name], tensor), name
+    # really packed: rows q, k, v and gate, up
+    qkv = packed.model.layers[0].self_attn.qkv_proj.weight
+    q, k = reference["model.layers.0.self_attn.q_proj.weight"], reference["model.layers.0.self_attn.k_proj.weight"]
+    assert torch.equal(qkv[: q.shape[0]], q) and torch.equal(qkv[q.shape[0]: q.shape[0] + k.shape[0]], k)
+    assert qkv.shape[0] == q.shape[0] + 2 * k.shape[0]
+    assert packed.model.layers[0].mlp.gate_up_proj.weight.shape[0] == 2 * hf.config.intermediate_size
+    # rotary inv_freq is skipped silently
+    assert packed.load_weights([("model.layers.0.self_attn.rotary_emb.inv_freq", torch.zeros(16))]) == set()
+
+
+@requires_standin
+def test_standin_skips_lm_head_when_tied():
+    hf, packed = _packed("qwen2", tie_word_embeddings=True)
+    sd = hf.state_dict()
+    assert "lm_head.weight" in sd
+    loaded = packed.load_weights(sd.items())
+    assert "lm_head.weight" not in loaded and "model.embed_tokens.weight" in loaded
+    assert torch.equal(packed.hf_state_dict()["lm_head.weight"], sd["model.embed_tokens.weight"])
+
+
+@requires_standin
+def test_standin_rejects_wrong_shapes():
+    hf, packed = _packed("qwen2")
+    sd = hf.state_dict()
+    q = sd["model.layers.0.self_attn.q_proj.weight"]
+    with pytest.raises(RuntimeError, match=r"start \(0\) \+ length \(128\) exceeds dimension size \(64\)"):
+        packed.load_weights([("model.layers.0.self_attn.q_proj.weight", q[:64])])
+    with pytest.raises(AssertionError):
+        packed.load_weights([("model.layers.0.self_attn.q_proj.weight", q[:, :64])])
+    with pytest.raises(AssertionError, match=r"Attempted to load weight \(torch.Size\(\[64\]\)\) into parameter "
+                                             r"\(torch.Size\(\[128\]\)\)"):
+        packed.load_weights([("model.norm.weight", torch.ones(64))])
+    with pytest.raises(AssertionError):  # vocab rows must match org_vocab_size
+        packed.load_weights([("model.embed_tokens.weight", sd["model.embed_tokens.weight"][:500])])
+    with pytest.raises(ValueError) as err:
+        packed.load_weights([("lm_head.weight.x", torch.zeros(1))])
+    assert str(err.value) == "Attempted to load nested weight 'lm_head.weight.x' into a single parameter 'lm_head.weight'"
+
+
+@requires_standin
+def test_standin_llm_generates_with_loaded_weights(tmp_path):
+    from vllm import LLM, SamplingParams
+
+    path = tiny.save_tiny(tmp_path / "m", "qwen2")
+    state = torch.random.get_rng_state()
+    llm = LLM(model=path, device="cpu", gpu_memory_utilization=0.5, dtype="float32", enable_prefix_caching=True)
+    assert llm.model.received_names == []  # the checkpoint load at init is not recorded
+    assert llm.llm_engine.model_executor.driver_worker.model_runner.model is llm.model
+    assert llm.engine_kwargs["device"] == "cpu"
+    assert LLM(model=path).dtype == torch.float16  # vLLM: "auto" runs float32 checkpoints in float16
+
+    tok = tiny.make_tokenizer()
+    prompt = tiny.prompt_dataset(1)["prompt"][0]
+    prompt_ids = tok(prompt, return_tensors="pt").input_ids
+
+    def hf_greedy(model):
+        out = model.generate(prompt_ids, max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=1)
+        ids = out[0, prompt_ids.shape[1]:].tolist()
+        return ids[: ids.index(1) + 1] if 1 in ids else ids
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=6)
+    (out,) = llm.generate([prompt], sampling_params=greedy, use_tqdm=False)
+    assert out.prompt == prompt and out.prompt_token_ids == prompt_ids[0].tolist()
+    assert out.outputs[0].token_ids == hf_greedy(tiny.make_model("qwen2"))
+
+    other = tiny.make_model("qwen2", seed=1)
+    llm.model.load_weights(other.state_dict().items())
+    (out2,) = llm.generate(prompt, greedy, use_tqdm=False)
+    assert out2.outputs[0].token_ids == hf_greedy(other)
+    assert out2.outputs[0].token_ids != out.outputs[0].token_ids
+
+    outs = llm.generate([prompt, prompt], SamplingParams(n=3, temperature=1.0, max_tokens=8), use_tqdm=False)
+    assert [len(o.outputs) for o in outs] == [3, 3]
+    assert all(1 <= len(c.token_ids) <= 8 for o in outs for c in o.outputs)
+    assert len({tuple(c.token_ids) for o in outs for c in o.outputs}) > 1
+    assert torch.equal(state, torch.random.get_rng_state())  # never touches the caller's RNG
+    with pytest.raises(TypeError):
+        SamplingParams(not_a_field=1)
+
+
+# --------------------------------------------------------------------------------------------------
+# GRPO runs
+# --------------------------------------------------------------------------------------------------
+def _check_run(trainer, history, steps=3):
+    losses = grpo_run.train_losses(history)
+    assert len(losses) == steps, history
+    assert all(math.isfinite(x) for x in losses)
+    assert trainer.state.global_step == steps
+    assert any(e.get("reward_std", 0) > 0 for e in history), "advantages would all be zero"
+    changed = grpo_run.changed_trainable(trainer)
+    assert changed, "no trainable weight changed"
+    return changed
+
+
+@pytest.mark.parametrize("arch", tiny.ARCHS)
+def test_grpo_full_finetune_runs(arch, tmp_path):
+    trainer, history = grpo_run.run_grpo(tmp_path, model=arch, steps=3)
+    changed = _check_run(trainer, history)
+    assert len(changed) == len(trainer.tiny_initial_trainable)  # every weight moved (lr 1e-3)
+    assert trainer.tiny_dropped_config_keys == []
+
+
+def test_grpo_lora_runs(tmp_path):
+    from accelerate.utils import is_peft_model
+
+    trainer, history = grpo_run.run_grpo(tmp_path, model="qwen2", peft=True, steps=3)
+    assert is_peft_model(trainer.model)
+    changed = _check_run(trainer, history)
+    assert changed and all("lora_" in n for n in trainer.tiny_initial_trainable)
+    assert any("lora_B" in n for n in changed)
+
+
+def test_grpo_accepts_model_instance(tmp_path):
+    trainer = grpo_run.make_trainer(tmp_path, model=tiny.make_model("llama"), steps=1, beta=0.04)
+    assert type(trainer.model).__name__ == "LlamaForCausalLM"
+
+
+@requires_standin
+def test_grpo_vllm_standin_run(tmp_path):
+    if not grpo_run.has_colocated_vllm():
+        with pytest.raises(grpo_run.VLLMPathUnsupported):
+            grpo_run.make_trainer(tmp_path, use_vllm=True)
+        pytest.skip("installed TRL has no colocated vLLM path (TRL >= 0.16)")
+    trainer, history = grpo_run.run_grpo(tmp_path, model="qwen2", use_vllm=True, steps=3)
+    _check_run(trainer, history)
+    llm = trainer.llm
+    packed = llm.model
+    assert llm.generate_calls == 3
+    # step 1 generates from the checkpoint; steps 2 and 3 push the trained weights first
+    assert len(packed.received_names) == 2
+    hf_names = set(trainer.model.state_dict().keys())
+    assert all(set(names) == hf_names for names in packed.received_names)
+    assert all(loaded for loaded in packed.loaded_names)
+    initial = tiny.make_model("qwen2").state_dict()
+    pushed = packed.hf_state_dict()
+    # (TRL 0.14 has no vllm_dtype: the stand-in then runs in float16, like vLLM's "auto")
+    drift = max((pushed[k].float() - initial[k]).abs().max().item() for k in initial)
+    assert drift > 5e-4, "vLLM never got the trained weights"

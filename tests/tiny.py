@@ -1,0 +1,171 @@
+"""Offline builders for tiny test models, tokenizers and datasets.
+
+Nothing here touches the Hugging Face Hub: the tokenizer is built from a word list with the
+``tokenizers`` library, the models are random-init ``Qwen2ForCausalLM`` / ``LlamaForCausalLM``
+from an in-code config, and the dataset is made in memory.
+
+* ``make_tokenizer()``  WordLevel tokenizer (512 entries incl. ``<pad>``/``</s>``/``<unk>``),
+  WhitespaceSplit pre-tokenizer, wrapped in ``PreTrainedTokenizerFast`` with
+  ``padding_side="left"`` and ``model_input_names=["input_ids", "attention_mask"]`` (without the
+  latter, TRL 0.14's ``generate`` fails on ``token_type_ids``).
+* ``make_model(arch)``  tiny random-init model, deterministic (seeded without touching the global
+  RNG): vocab = tokenizer size, hidden 128, 2 layers, 4 heads / 2 KV heads (head_dim 32),
+  intermediate 256, untied embeddings, float32.
+* ``save_tiny(path, arch)``  model + tokenizer saved to a directory, for ``GRPOTrainer(model=<path>)``,
+  DeepSpeed ZeRO-3 runs (which need a path) and the vLLM stand-in (which loads from a path).
+* ``prompt_dataset(n)``  ``datasets.Dataset`` with a plain-text ``"prompt"`` column.
+* ``varying_reward``  deterministic reward that differs between completions, so GRPO advantages
+  are non-zero. (The random model never emits EOS, so a length reward would be constant.)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable
+
+import torch
+
+ARCHS = ("qwen2", "llama")
+
+PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
+SPECIAL_TOKENS = (PAD, EOS, UNK)
+VOCAB_SIZE = 512
+
+_CONSONANTS = "bdfgklmnprstvz"
+_VOWELS = "aeiou"
+
+
+def vocab_words() -> list[str]:
+    """The ``VOCAB_SIZE - 3`` plain words of the vocabulary (deterministic, lowercase CVCV words)."""
+    syllables = [c + v for c in _CONSONANTS for v in _VOWELS]  # 70 syllables
+    words: list[str] = []
+    for first in syllables:
+        for second in syllables:
+            words.append(first + second)
+            if len(words) == VOCAB_SIZE - len(SPECIAL_TOKENS):
+                return words
+    raise AssertionError("not enough words")  # pragma: no cover
+
+
+def make_tokenizer():
+    """A ``PreTrainedTokenizerFast`` over a WordLevel vocab of ``VOCAB_SIZE`` entries.
+
+    Ids: ``<pad>`` = 0, ``</s>`` = 1, ``<unk>`` = 2, then the words of ``vocab_words()``.
+    """
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(list(SPECIAL_TOKENS) + vocab_words())}
+    assert len(vocab) == VOCAB_SIZE
+    backend = Tokenizer(WordLevel(vocab=vocab, unk_token=UNK))
+    backend.pre_tokenizer = WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD,
+        eos_token=EOS,
+        unk_token=UNK,
+        padding_side="left",
+        model_input_names=["input_ids", "attention_mask"],
+    )
+    # Belt and braces: some transformers versions only honour these as attributes.
+    tokenizer.padding_side = "left"
+    tokenizer.model_input_names = ["input_ids", "attention_mask"]
+    return tokenizer
+
+
+def model_config(arch: str = "qwen2", **overrides: Any):
+    """The ``Qwen2Config`` / ``LlamaConfig`` used by ``make_model``; ``overrides`` replace fields."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
+    kwargs: dict[str, Any] = dict(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
+        torch_dtype="float32",
+    )
+    if arch == "qwen2":
+        kwargs.update(use_sliding_window=False, max_window_layers=2)
+    kwargs.update(overrides)
+    config_cls = Qwen2Config if arch == "qwen2" else LlamaConfig
+    config = config_cls(**kwargs)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head_dim * config.num_attention_heads != config.hidden_size and arch == "qwen2":
+        raise ValueError("Qwen2 needs hidden_size divisible by num_attention_heads")
+    return config
+
+
+def head_dim_of(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def make_model(arch: str = "qwen2", seed: int = 0, **overrides: Any):
+    """Tiny random-init ``Qwen2ForCausalLM`` / ``LlamaForCausalLM`` (float32, eval-independent).
+
+    Deterministic for a given ``(arch, seed, overrides)``; the global torch RNG state is left as it was.
+    """
+    from transformers import LlamaForCausalLM, Qwen2ForCausalLM
+
+    config = model_config(arch, **overrides)
+    model_cls = Qwen2ForCausalLM if arch == "qwen2" else LlamaForCausalLM
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_cls(config)
+    return model.to(torch.float32)
+
+
+def save_tiny(path: str | os.PathLike, arch: str = "qwen2", model=None, tokenizer=None) -> str:
+    """Save a tiny model (``make_model(arch)`` unless given) and tokenizer to ``path``; returns ``str(path)``."""
+    path = os.fspath(path)
+    os.makedirs(path, exist_ok=True)
+    model = model if model is not None else make_model(arch)
+    tokenizer = tokenizer if tokenizer is not None else make_tokenizer()
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def prompt_dataset(n: int = 8, words_per_prompt: int = 5):
+    """A ``datasets.Dataset`` with ``n`` short plain-text prompts made of vocabulary words."""
+    from datasets import Dataset
+
+    words = vocab_words()
+    prompts = []
+    for i in range(n):
+        # deterministic, distinct prompts; stride coprime with len(words)
+        prompts.append(" ".join(words[(i * 37 + j * 11) % len(words)] for j in range(words_per_prompt)))
+    return Dataset.from_dict({"prompt": prompts})
+
+
+def _completion_text(completion: Any) -> str:
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list):  # conversational: [{"role": "assistant", "content": ...}]
+        return " ".join(m.get("content", "") for m in completion if isinstance(m, dict))
+    return str(completion)
+
+
+def varying_reward(prompts: Iterable[Any], completions: Iterable[Any], **kwargs: Any) -> list[float]:
+    """Deterministic reward that varies between completions.
+
+    Reward = number of ``a`` letters + 0.5 * number of ``o`` letters in the completion's words,
+    + 0.01 * number of distinct words. Random completions differ in these counts, so rewards
+    within a GRPO group differ and advantages are non-zero.
+    """
+    rewards = []
+    for completion in completions:
+        words = _completion_text(completion).split()
+        text = "".join(words)
+        rewards.append(float(text.count("a")) + 0.5 * text.count("o") + 0.01 * len(set(words)))
+    return rewards

@@ -1,0 +1,49 @@
+"""TEST-ONLY stand-in for vLLM 0.7.2 (distribution name ``vllm``, version ``0.7.2``).
+
+This is NOT vLLM. It lives in trl_compat's ``tests/vllm_standin`` and is installed into test
+venvs only (``pip install ./tests/vllm_standin``) so that TRL's ``is_vllm_available()`` is True and
+TRL 0.14 / 0.15's colocated vLLM path (``use_vllm=True``) runs on a CPU-only machine with tiny local
+checkpoints. Real vLLM cannot be installed next to torch 2.13 (vllm 0.7.2 pins torch==2.5.1).
+
+Reproduced faithfully (vLLM 0.7.2, tp=1, pp=1, no quantization):
+
+* ``LLM(model=<local dir>, ...)`` builds the packed model and loads the checkpoint through
+  ``load_weights``; ``llm.llm_engine.model_executor.driver_worker.model_runner.model`` is that model.
+* ``model.load_weights(iterable of (name, tensor))`` for ``Qwen2ForCausalLM`` / ``LlamaForCausalLM``:
+  ``AutoWeightsLoader`` prefix routing, ``ValueError: There is no module or parameter named
+  '<prefix>' in <Root>``, ``lm_head.`` skipped when tied, q/k/v -> ``qkv_proj`` and gate/up ->
+  ``gate_up_proj`` substring rewrite into real packed parameters, bare ``KeyError`` for unknown
+  inner names, ``rotary_emb.inv_freq`` skipped, the loaders' shape checks and messages (including
+  vLLM's silent truncation of a too-large shard at tp=1), vocab padded to a multiple of 64; returns
+  the set of loaded vLLM names. See ``vllm/model_executor/models.py``.
+* ``dtype="auto"``: float32 checkpoints run in float16 (vLLM's GPU rule); ``"float32"`` etc. honoured.
+* ``LLM.generate(prompts, sampling_params, use_tqdm=...)`` really samples with the weights last
+  loaded (a Hugging Face twin model whose weights are unpacked from the packed parameters), returns
+  ``RequestOutput`` objects (``.prompt``, ``.prompt_token_ids``, ``.outputs[i].token_ids`` / ``.text``
+  / ``.finish_reason``); completions stop after EOS / ``stop_token_ids`` and include that token.
+  Sampling uses its own RNG (``LLM(seed=0)``) and never disturbs the caller's torch RNG.
+* ``SamplingParams`` with 0.7.2's fields/defaults/validation; unknown kwargs raise ``TypeError``.
+* ``vllm.worker.worker.Worker._assert_memory_footprint_increased_during_profiling`` exists (TRL
+  0.14/0.15 patch it) and is called while the ``LLM`` is built.
+
+Test instrumentation (not in vLLM): ``model.received_names`` (a list of name lists, one per
+``load_weights`` call after construction, recorded even when the call raises), ``model.loaded_names``,
+``model.weights_version``, ``model.hf_state_dict()`` (current weights unpacked to HF names/shapes),
+``llm.generate_calls``, ``llm.engine_kwargs`` / ``llm.init_kwargs``.
+
+Not reproduced: the engine itself (scheduler, paged KV cache, prefix caching, CUDA graphs), GPU
+memory accounting, tensor/pipeline parallelism, quantization, LoRA requests, logprobs, stop strings,
+guided decoding, beam search, the vLLM server / NCCL weight sync used by TRL >= 0.16
+(``vllm.distributed...`` and other modules newer TRL imports exist as import-only placeholders that
+raise ``NotImplementedError`` when used), any architecture other than Qwen2 / Llama, and the CPU
+platform's own dtype rules. Numerics match a Hugging Face forward, not vLLM's kernels.
+"""
+
+__version__ = "0.7.2"
+__stand_in__ = True  # lets tests tell this apart from a real vLLM
+
+from .entrypoints.llm import LLM  # noqa: E402
+from .outputs import CompletionOutput, RequestOutput  # noqa: E402
+from .sampling_params import GuidedDecodingParams, SamplingParams  # noqa: E402
+
+__all__ = ["LLM", "SamplingParams", "GuidedDecodingParams", "RequestOutput", "CompletionOutput", "__version__"]

@@ -1,0 +1,294 @@
+"""Stand-in for ``vllm.LLM`` (vLLM 0.7.2 offline engine), CPU-only, for tiny local HF checkpoints."""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+from types import SimpleNamespace
+from typing import Any, Optional, Sequence, Union
+
+import torch
+
+from ..model_executor.models import build_model
+from ..outputs import CompletionOutput, RequestOutput
+from ..sampling_params import SamplingParams
+from ..worker.worker import ModelRunner, Worker
+
+_STR_DTYPES = {
+    "half": torch.float16,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float": torch.float32,
+    "float32": torch.float32,
+}
+
+
+def resolve_dtype(dtype: Union[str, torch.dtype], config_dtype: Any) -> torch.dtype:
+    """vLLM 0.7.2 ``_get_and_verify_dtype`` (GPU path): ``"auto"`` keeps the checkpoint dtype,
+    except that float32 checkpoints run in float16."""
+    if isinstance(config_dtype, str):
+        config_dtype = getattr(torch, config_dtype)
+    if config_dtype is None:
+        config_dtype = torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    dtype = dtype.lower()
+    if dtype == "auto":
+        return torch.float16 if config_dtype == torch.float32 else config_dtype
+    if dtype not in _STR_DTYPES:
+        raise ValueError(f"Unknown dtype: {dtype}")
+    return _STR_DTYPES[dtype]
+
+
+def _checkpoint_weights(path: str):
+    """The checkpoint's tensors in file order (what vLLM's default loader iterates)."""
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if files:
+        from safetensors.torch import load_file
+
+        for f in files:
+            yield from load_file(f).items()
+        return
+    files = sorted(glob.glob(os.path.join(path, "pytorch_model*.bin")))
+    if not files:
+        raise RuntimeError(f"Cannot find any model weights with `{path}`")
+    for f in files:
+        yield from torch.load(f, map_location="cpu", weights_only=True).items()
+
+
+class LLM:
+    """Subset of ``vllm.LLM``. Accepts the 0.7.2 constructor arguments; extra engine arguments
+    (``device``, ``enable_prefix_caching``, ``max_model_len``, ...) are recorded in
+    ``engine_kwargs``. ``model`` must be a local directory holding a Qwen2/Llama checkpoint."""
+
+    def __init__(
+        self,
+        model: str,
+        tokenizer: Optional[str] = None,
+        tokenizer_mode: str = "auto",
+        skip_tokenizer_init: bool = False,
+        trust_remote_code: bool = False,
+        allowed_local_media_path: str = "",
+        tensor_parallel_size: int = 1,
+        dtype: Union[str, torch.dtype] = "auto",
+        quantization: Optional[str] = None,
+        revision: Optional[str] = None,
+        tokenizer_revision: Optional[str] = None,
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.9,
+        swap_space: float = 4,
+        cpu_offload_gb: float = 0,
+        enforce_eager: Optional[bool] = None,
+        max_seq_len_to_capture: int = 8192,
+        disable_custom_all_reduce: bool = False,
+        disable_async_output_proc: bool = False,
+        hf_overrides: Any = None,
+        mm_processor_kwargs: Optional[dict] = None,
+        task: str = "auto",
+        override_pooler_config: Any = None,
+        compilation_config: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        if not isinstance(model, (str, os.PathLike)) or not os.path.isdir(model):
+            raise ValueError(
+                f"vllm stand-in: `model` must be a local checkpoint directory (no Hub access), got {model!r}"
+            )
+        if tensor_parallel_size != 1:
+            raise NotImplementedError("vllm stand-in: tensor_parallel_size must be 1")
+        if quantization is not None:
+            raise NotImplementedError("vllm stand-in: quantization is not supported")
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"GPU memory utilization must be within (0, 1]. Got {gpu_memory_utilization}.")
+
+        self.model_path = os.fspath(model)
+        self.engine_kwargs = dict(kwargs)
+        self.init_kwargs = dict(
+            model=self.model_path, tokenizer=tokenizer, dtype=dtype, seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager, **kwargs,
+        )
+        self.device = kwargs.get("device", "auto")
+        self.hf_config = AutoConfig.from_pretrained(self.model_path)
+        self.dtype = resolve_dtype(dtype, getattr(self.hf_config, "torch_dtype", None))
+        max_model_len = kwargs.get("max_model_len")
+        self.max_model_len = int(max_model_len or self.hf_config.max_position_embeddings)
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or self.model_path)
+
+        # The packed "vLLM" model, loaded from the checkpoint through its own load_weights (as vLLM's
+        # DefaultModelLoader does); that initial load is not recorded in received_names.
+        packed = build_model(self.hf_config, self.dtype)
+        packed._recording = False
+        packed.load_weights(_checkpoint_weights(self.model_path))
+        packed._recording = True
+        packed.eval()
+
+        worker = Worker(ModelRunner(packed), device=str(self.device))
+        worker.determine_num_available_blocks()  # calls the method TRL patches
+        self.llm_engine = SimpleNamespace(
+            model_executor=SimpleNamespace(driver_worker=worker),
+            model_config=SimpleNamespace(hf_config=self.hf_config, dtype=self.dtype,
+                                         max_model_len=self.max_model_len),
+            get_tokenizer=lambda: self.tokenizer,
+        )
+
+        # Hugging Face twin used for generation; its weights are refreshed from the packed params.
+        with torch.random.fork_rng(devices=[]):
+            self._hf_model = AutoModelForCausalLM.from_config(self.hf_config, torch_dtype=self.dtype)
+        self._hf_model.eval()
+        self._synced_version = -1
+        self._seed_gen = torch.Generator().manual_seed(seed)
+        self._request_counter = itertools.count()
+        self.generate_calls = 0
+        self.prefix_cache_resets = 0
+
+    # -- helpers ------------------------------------------------------------------------------------
+    @property
+    def model(self):
+        """The packed stand-in model (``llm_engine.model_executor.driver_worker.model_runner.model``)."""
+        return self.llm_engine.model_executor.driver_worker.model_runner.model
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def apply_model(self, func):
+        return [func(self.model)]
+
+    def reset_prefix_cache(self) -> bool:
+        self.prefix_cache_resets += 1
+        return True
+
+    def _sync_hf_model(self) -> None:
+        packed = self.model
+        if self._synced_version != packed.weights_version:
+            self._hf_model.load_state_dict(packed.hf_state_dict(), strict=True)
+            self._synced_version = packed.weights_version
+
+    def _prompt_ids(self, prompt: Any) -> tuple[Optional[str], list[int]]:
+        if isinstance(prompt, str):
+            return prompt, list(self.tokenizer(prompt).input_ids)
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                return prompt["prompt"], list(self.tokenizer(prompt["prompt"]).input_ids)
+        raise TypeError(f"vllm stand-in: unsupported prompt type {type(prompt).__name__}")
+
+    # -- generation ---------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: Union[str, dict, Sequence[Union[str, dict]], None] = None,
+        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+        prompt_token_ids: Optional[list] = None,
+        use_tqdm: bool = True,
+        lora_request: Any = None,
+        prompt_adapter_request: Any = None,
+        guided_options_request: Any = None,
+        priority: Optional[list] = None,
+    ) -> list[RequestOutput]:
+        if lora_request is not None or prompt_adapter_request is not None or guided_options_request is not None:
+            raise NotImplementedError("vllm stand-in: LoRA / prompt adapters / guided decoding are not supported")
+        if prompts is None and prompt_token_ids is not None:
+            prompts = [{"prompt_token_ids": ids} for ids in prompt_token_ids]
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        prompts = list(prompts or [])
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompts)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompts):
+                raise ValueError("The lengths of prompts and sampling_params must be the same.")
+        self.generate_calls += 1
+        self._sync_hf_model()
+        requests = []
+        for prompt, sp in zip(prompts, params_list):
+            unsupported = sp.unsupported_fields()
+            if unsupported:
+                raise NotImplementedError(f"vllm stand-in: SamplingParams fields not supported: {unsupported}")
+            text, ids = self._prompt_ids(prompt)
+            if len(ids) > self.max_model_len:
+                raise ValueError(
+                    f"Prompt length of {len(ids)} is longer than the maximum model length of {self.max_model_len}."
+                )
+            requests.append((text, ids, sp))
+        # Requests sharing one SamplingParams object (and no per-request seed) and a prompt length
+        # are sampled in one batch (no padding needed); each batch draws its seed from the LLM's RNG.
+        batches: dict[Any, list[int]] = {}
+        for index, (_, ids, sp) in enumerate(requests):
+            key = ("seed", index) if sp.seed is not None else (id(sp), len(ids))
+            batches.setdefault(key, []).append(index)
+        results: list[Optional[RequestOutput]] = [None] * len(requests)
+        for indices in batches.values():
+            for index, output in zip(indices, self._generate_batch([requests[i] for i in indices])):
+                results[index] = output
+        return results  # type: ignore[return-value]
+
+    @torch.no_grad()
+    def _generate_batch(self, requests: list) -> list[RequestOutput]:
+        from transformers import GenerationConfig
+
+        _, first_ids, sp = requests[0]
+        prompt_len = len(first_ids)
+        max_new = min(sp.max_tokens or self.max_model_len, self.max_model_len - prompt_len)
+        eos = self.tokenizer.eos_token_id
+        stop_ids = ([] if sp.ignore_eos or eos is None else [eos]) + list(sp.stop_token_ids)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (eos or 0)
+        greedy = sp.temperature < 1e-5
+        gen_kwargs: dict[str, Any] = dict(
+            max_new_tokens=max_new,
+            min_new_tokens=min(sp.min_tokens, max_new),
+            do_sample=not greedy,
+            eos_token_id=stop_ids or None,
+            pad_token_id=pad,
+            repetition_penalty=sp.repetition_penalty,
+        )
+        if not greedy:
+            gen_kwargs.update(temperature=sp.temperature, top_k=sp.top_k if sp.top_k > 0 else 0,
+                              top_p=sp.top_p, min_p=sp.min_p if sp.min_p > 0 else None)
+        else:
+            gen_kwargs.update(temperature=None, top_k=None, top_p=None)
+        generation_config = GenerationConfig(**gen_kwargs)
+        seed = sp.seed if sp.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seed_gen))
+        input_ids = torch.tensor([ids for _, ids, _ in requests for _ in range(sp.n)], dtype=torch.long)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            out = self._hf_model.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                generation_config=generation_config,
+            )
+        rows = out[:, prompt_len:].tolist()
+        results = []
+        for r, (text, ids, _) in enumerate(requests):
+            completions = []
+            for index, row in enumerate(rows[r * sp.n:(r + 1) * sp.n]):
+                token_ids, finish_reason, stop_reason = row, "length", None
+                for pos, tok in enumerate(row):
+                    if tok in stop_ids and pos + 1 >= sp.min_tokens:
+                        token_ids, finish_reason = row[: pos + 1], "stop"
+                        stop_reason = None if tok == eos and not sp.ignore_eos else tok
+                        break
+                completions.append(
+                    CompletionOutput(
+                        index=index,
+                        text=self.tokenizer.decode(token_ids, skip_special_tokens=sp.skip_special_tokens),
+                        token_ids=list(token_ids),
+                        finish_reason=finish_reason,
+                        stop_reason=stop_reason,
+                    )
+                )
+            results.append(
+                RequestOutput(
+                    request_id=str(next(self._request_counter)),
+                    prompt=text,
+                    prompt_token_ids=ids,
+                    prompt_logprobs=None,
+                    outputs=completions,
+                    finished=True,
+                )
+            )
+        return results

@@ -1,0 +1,1 @@
+"""Stand-in for ``vllm.model_executor`` (see ``models.py``)."""

@@ -1,0 +1,101 @@
+"""Stand-in for ``vllm.sampling_params`` (vLLM 0.7.2 field names and defaults).
+
+Unknown keyword arguments raise ``TypeError`` (as vLLM's msgspec struct does). Fields the stand-in
+cannot honour when generating (``logprobs``, ``prompt_logprobs``, ``stop`` strings, ``guided_decoding``,
+``logits_processors``, ``best_of`` > n, penalties other than ``repetition_penalty``, ...) are accepted
+here and rejected with ``NotImplementedError`` by ``LLM.generate``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+
+@dataclass
+class GuidedDecodingParams:
+    """Placeholder with vLLM 0.7.2's fields; guided decoding itself is not implemented."""
+
+    json: Optional[Union[str, dict]] = None
+    regex: Optional[str] = None
+    choice: Optional[list] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+    backend: Optional[str] = None
+    whitespace_pattern: Optional[str] = None
+
+
+@dataclass
+class StructuredOutputsParams:
+    """Placeholder for the newer (vLLM >= 0.11) name, so newer TRL can import it; not implemented."""
+
+    json: Optional[Union[str, dict]] = None
+    regex: Optional[str] = None
+    choice: Optional[list] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    best_of: Optional[int] = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    seed: Optional[int] = None
+    stop: Optional[Union[str, list]] = None
+    stop_token_ids: Optional[list] = None
+    bad_words: Optional[list] = None
+    ignore_eos: bool = False
+    max_tokens: Optional[int] = 16
+    min_tokens: int = 0
+    logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = None
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    logits_processors: Optional[Any] = None
+    include_stop_str_in_output: bool = False
+    truncate_prompt_tokens: Optional[int] = None
+    output_kind: Any = None
+    guided_decoding: Optional[GuidedDecodingParams] = None
+    logit_bias: Optional[dict] = None
+    allowed_token_ids: Optional[list] = None
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n}.")
+        if self.temperature < 0.0:
+            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if self.top_k < -1 or self.top_k == 0:
+            raise ValueError(f"top_k must be -1 (disable), or at least 1, got {self.top_k}.")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+        else:
+            self.stop_token_ids = list(self.stop_token_ids)
+
+    def clone(self) -> "SamplingParams":
+        return dataclasses.replace(self)
+
+    # Fields the stand-in's generate() cannot honour when set to a non-default value.
+    def unsupported_fields(self) -> list[str]:
+        bad = []
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name in ("presence_penalty", "frequency_penalty", "stop", "bad_words", "logprobs",
+                     "prompt_logprobs", "logits_processors", "truncate_prompt_tokens", "guided_decoding",
+                     "logit_bias", "allowed_token_ids"):
+            if getattr(self, name) != defaults[name]:
+                bad.append(name)
+        if self.best_of is not None and self.best_of != self.n:
+            bad.append("best_of")
+        return bad

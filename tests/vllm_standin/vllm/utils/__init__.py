@@ -1,0 +1,1 @@
+"""Stand-in for ``vllm.utils`` (only what TRL imports)."""

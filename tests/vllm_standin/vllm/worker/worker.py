@@ -1,0 +1,30 @@
+"""Stand-in for ``vllm.worker.worker`` (the attribute path TRL 0.14/0.15 reach and patch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ModelRunner:
+    """``llm.llm_engine.model_executor.driver_worker.model_runner``: holds ``.model``."""
+
+    def __init__(self, model: Any):
+        self.model = model
+
+
+class Worker:
+    """TRL 0.14/0.15 patch ``Worker._assert_memory_footprint_increased_during_profiling`` while
+    building ``LLM``; the stand-in calls it from ``determine_num_available_blocks`` like vLLM does,
+    but the unpatched method is a no-op here (there is no GPU memory to profile)."""
+
+    def __init__(self, model_runner: ModelRunner, device: str = "cpu"):
+        self.model_runner = model_runner
+        self.device = device
+        self.memory_profiling_checks = 0
+
+    def _assert_memory_footprint_increased_during_profiling(self) -> None:
+        self.memory_profiling_checks += 1
+
+    def determine_num_available_blocks(self) -> tuple[int, int]:
+        self._assert_memory_footprint_increased_during_profiling()
+        return (0, 0)
