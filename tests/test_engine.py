@@ -347,3 +347,38 @@ def test_import_order_does_not_matter_on_real_trl():
     first, second = reports.values()
     assert first == second
     assert all(status != trl_compat.PENDING for _, status in first)
+
+
+def test_a_replaced_class_is_a_conflict_not_a_double_patch(fake_pkg, caplog):
+    mod = importlib.import_module(fake_pkg)
+    # What Unsloth does: a class rebuilt elsewhere is bound under TRL's name.
+    rebuilt = type("UnslothTrainer", (mod.Base,), {"__module__": "unsloth_compiled_cache.UnslothTrainer"})
+    mod.Trainer = rebuilt
+    patch = make_patch(fake_pkg)
+    with caplog.at_level(logging.WARNING, logger="trl_compat"):
+        trl_compat.install(patch.id)
+    assert trl_compat.status(patch.id) == trl_compat.CONFLICT
+    assert "unsloth_compiled_cache.UnslothTrainer" in caplog.text
+    assert "step" not in vars(rebuilt)
+
+
+def test_a_class_replaced_after_patching_is_reported(fake_pkg):
+    mod = importlib.import_module(fake_pkg)
+    patch = make_patch(fake_pkg)
+    trl_compat.install(patch.id)
+    mod.Trainer = type("UnslothTrainer", (mod.Base,), {"__module__": "unsloth_compiled_cache.UnslothTrainer"})
+    reason = {r.id: r.reason for r in trl_compat.report()}[patch.id]
+    assert "has since been replaced by unsloth_compiled_cache.UnslothTrainer" in reason
+
+
+def test_a_user_subclass_overriding_the_target_is_reported(fake_pkg):
+    mod = importlib.import_module(fake_pkg)
+    patch = make_patch(fake_pkg)
+    trl_compat.install(patch.id)
+
+    class MyTrainer(mod.Trainer):
+        def step(self, x):
+            return ("mine", x)
+
+    reason = {r.id: r.reason for r in trl_compat.report()}[patch.id]
+    assert "MyTrainer" in reason and "super()" in reason

@@ -8,6 +8,7 @@ This module imports neither torch, transformers nor trl.
 
 from trl_compat._engine import (
     APPLIED,
+    CONFLICT,
     DISABLED,
     FAILED,
     NOT_NEEDED,
@@ -32,7 +33,7 @@ from trl_compat.patches import PATCHES
 __version__ = "0.1.0"
 
 __all__ = [
-    "APPLIED", "DISABLED", "FAILED", "NOT_NEEDED", "PENDING", "REVERTED", "TARGET_MISSING",
+    "APPLIED", "CONFLICT", "DISABLED", "FAILED", "NOT_NEEDED", "PENDING", "REVERTED", "TARGET_MISSING",
     "UNDECIDED", "UNKNOWN_VERSION", "Patch", "PatchStatus", "TrlCompatError", "applied",
     "install", "report", "revert", "status", "__version__",
 ]

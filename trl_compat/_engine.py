@@ -42,10 +42,11 @@ UNKNOWN_VERSION = "unknown version"
 UNDECIDED = "undecided"  # the probe could not tell whether the bug is there
 TARGET_MISSING = "target missing"
 FAILED = "failed"
+CONFLICT = "conflict"  # someone else (e.g. Unsloth) replaced the class the patch targets
 REVERTED = "reverted"
 
 # Statuses that mean "a patch that may be needed could not be applied".
-_TROUBLE = {UNKNOWN_VERSION, UNDECIDED, TARGET_MISSING, FAILED}
+_TROUBLE = {UNKNOWN_VERSION, UNDECIDED, TARGET_MISSING, FAILED, CONFLICT}
 
 MARKER = "__trl_compat_patch__"
 
@@ -155,6 +156,7 @@ class _State:
     versions: Dict[str, Optional[str]] = field(default_factory=dict)
     generation: int = 0  # bumped by revert(): hooks from older generations do nothing
     patcher: Optional[Patcher] = None
+    module: Optional[ModuleType] = None
 
 
 _lock = threading.RLock()
@@ -299,11 +301,41 @@ def _resolve_target(module: ModuleType, dotted: str) -> Any:
     return obj
 
 
+def _foreign_owner(patch: Patch, module: ModuleType) -> Optional[str]:
+    """Name the class that replaced the module's own one (Unsloth does this), if any."""
+    owner = getattr(module, patch.target.split(".")[0], None)
+    if isinstance(owner, type) and owner.__module__ != module.__name__:
+        return f"{owner.__module__}.{owner.__qualname__}"
+    return None
+
+
+def _overriding_subclasses(patch: Patch, module: ModuleType) -> List[str]:
+    """Subclasses that define the patched method themselves: the fix reaches them only via super()."""
+    owner_name, _, attr = patch.target.partition(".")
+    owner = getattr(module, owner_name, None)
+    if not attr or "." in attr or not isinstance(owner, type):
+        return []
+    found, todo = [], list(owner.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if attr in vars(cls):
+            found.append(f"{cls.__module__}.{cls.__qualname__}")
+    return sorted(set(found))
+
+
 def _resolve(patch: Patch, module: ModuleType) -> None:
+    _states[patch.id].module = module
     try:
         target = _resolve_target(module, patch.target)
     except AttributeError:
         _set(patch, TARGET_MISSING, f"{patch.module}.{patch.target} does not exist in this release")
+        return
+    foreign = _foreign_owner(patch, module)
+    if foreign:
+        # Its methods were rebuilt from TRL's source by someone else: wrapping
+        # them again would patch twice, or patch code we never probed.
+        _set(patch, CONFLICT, f"{patch.module}.{patch.target.split('.')[0]} was replaced by {foreign}; left alone")
         return
     if getattr(target, MARKER, None) == patch.id:
         # Patched by another copy of trl_compat (e.g. reloaded): never wrap twice.
@@ -359,11 +391,25 @@ def _log_summary_when_settled() -> None:
     )
 
 
+def _reason_now(patch: Patch, state: _State) -> str:
+    """The recorded reason, plus what has changed around an applied patch since."""
+    reason = state.reason
+    if state.status != APPLIED or state.module is None:
+        return reason
+    foreign = _foreign_owner(patch, state.module)
+    if foreign:
+        reason += f"; but {patch.target.split('.')[0]} has since been replaced by {foreign}, which the patch does not reach"
+    overriding = _overriding_subclasses(patch, state.module)
+    if overriding:
+        reason += (f"; overridden in {', '.join(overriding)}: the fix reaches those only through super()")
+    return reason
+
+
 def report() -> List[PatchStatus]:
     with _lock:
         return [
             PatchStatus(
-                id=p.id, status=_states[p.id].status, reason=_states[p.id].reason,
+                id=p.id, status=_states[p.id].status, reason=_reason_now(p, _states[p.id]),
                 versions=dict(_states[p.id].versions), target=f"{p.module}.{p.target}",
                 summary=p.summary, upstream=p.upstream,
             )
