@@ -5,8 +5,8 @@ trl is pure Python, so each release is swapped (``pip install --no-deps``) into 
 base venv per transformers line instead of building a venv per release:
 
 * releases <= 0.19 use the 0.19.1 cell's pins (transformers 4.53.3) plus deepspeed 0.16.4;
-* later releases use the newest base whose transformers satisfies the release's own
-  ``Requires-Dist`` (transformers 5.x from the ``trl-newest`` cell, else 4.57.6).
+* later 0.x releases use transformers 4.57.6 and 1.x releases the ``trl-newest`` cell's
+  pins (transformers 5.x), unless the release's own ``Requires-Dist`` excludes it.
 
 A row is flagged when importing trl_compat or taking the report raises, when a
 traceback through trl_compat escapes into an import, or when a patch applies to a
@@ -34,14 +34,23 @@ CELLS = ROOT / "matrix" / "cells"
 FIRST = Version("0.14.0")
 
 V = Version
+
+
+def _v(versions, dist):
+    raw = versions.get(dist)
+    return V(raw) if raw else None
+
+
 KNOWN = {
-    # bug present (per research/trl-bugs.md) for these TRL releases, whatever else is installed
-    "peft-optional": lambda v, ds: False,  # needs peft missing; the sweep bases have peft
-    "vllm-lora-names": lambda v, ds: v == V("0.14.0"),
-    "vllm-merged-weights": lambda v, ds: v == V("0.15.0"),
-    "logits-to-keep": lambda v, ds: V("0.14.0") <= v < V("0.20.0"),
-    "zero3-unwrap": lambda v, ds: V("0.14.0") <= v < V("0.16.0"),
-    "zero3-hooks-api": lambda v, ds: V("0.14.0") <= v < V("0.16.0") and ds is not None and ds >= V("0.16.4"),
+    # bug present (per research/trl-bugs.md and issue 8) for these releases and installed versions
+    "peft-optional": lambda v, vs: _v(vs, "peft") is None and v < V("0.16.0"),
+    "vllm-lora-names": lambda v, vs: v == V("0.14.0"),
+    "vllm-merged-weights": lambda v, vs: v == V("0.15.0"),
+    "logits-to-keep": lambda v, vs: V("0.14.0") <= v < V("0.20.0"),
+    "zero3-unwrap": lambda v, vs: V("0.14.0") <= v < V("0.16.0"),
+    "zero3-hooks-api": lambda v, vs: V("0.14.0") <= v < V("0.16.0") and (_v(vs, "deepspeed") or V("0")) >= V("0.16.4"),
+    "train-sampler-signature": lambda v, vs: V("0.15.0") <= v < V("0.17.0") and _v(vs, "transformers") >= V("4.52.0"),
+    "grpo-eval-0.14": lambda v, vs: v == V("0.14.0"),
 }
 
 CHECK = r"""
@@ -88,10 +97,11 @@ def pins(cell, drop=("trl",)):
 
 
 BASES = {
-    "tf4.53": lambda: pins("trl0.19.1-tf4.53.3") + ["deepspeed==0.16.4"],
+    # rich: a core requirement of trl 0.14-0.17 that the newer pins lack
+    "tf4.53": lambda: pins("trl0.19.1-tf4.53.3") + ["deepspeed==0.16.4", "rich"],
     "tf4.57": lambda: ["torch==2.13.0", "transformers==4.57.6", "accelerate", "datasets", "peft",
-                       "deepspeed==0.19.8", "pytest", "wrapt", "packaging"],
-    "tf5": lambda: pins("trl-newest"),
+                       "deepspeed==0.19.8", "pytest", "wrapt", "packaging", "rich"],
+    "tf5": lambda: pins("trl-newest") + ["rich"],
 }
 
 
@@ -130,7 +140,8 @@ def choose_base(work, version, reqs):
     if version < V("0.20.0"):
         return "tf4.53"
     spec = next((r.specifier for r in reqs if r.name == "transformers"), None)
-    for name in ("tf5", "tf4.57"):
+    # 0.x releases met transformers 4.x; 1.x releases came with transformers 5
+    for name in ("tf4.57", "tf5") if version < V("1.0.0") else ("tf5", "tf4.57"):
         if spec is None or spec.contains(base_transformers(work, name), prereleases=True):
             return name
     return "tf4.57"
@@ -162,13 +173,12 @@ def sweep_one(work, version):
 
 def judge(row):
     v = V(row["version"])
-    ds = row.get("versions", {}).get("deepspeed")
-    ds = V(ds) if ds else None
+    versions = row.get("versions", {})
     problems = []
     if row["crash"]:
         problems.append("CRASH")
     for rec in row["report"]:
-        if rec["status"] == "applied" and not KNOWN.get(rec["id"], lambda *_: False)(v, ds):
+        if rec["status"] == "applied" and not KNOWN.get(rec["id"], lambda *_: False)(v, versions):
             problems.append(f"WRONG {rec['id']}")
     return problems
 
