@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import platform
@@ -21,7 +22,10 @@ def collect() -> dict:
     for patch in registry():
         if trl_compat.status(patch.id) == PENDING and patch.module not in import_errors:
             try:
-                importlib.import_module(patch.module)
+                # Libraries print banners on import (DeepSpeed: "Setting accelerator to CPU");
+                # keep stdout for the report so --json stays parseable.
+                with contextlib.redirect_stdout(sys.stderr):
+                    importlib.import_module(patch.module)
             except Exception as exc:  # noqa: BLE001 - that is what the report is for
                 import_errors[patch.module] = f"{type(exc).__name__}: {exc}".splitlines()[0]
     records = []

@@ -1,0 +1,126 @@
+"""zero3-hooks-api: re-register the ZeRO-3 hooks under the name the installed DeepSpeed has.
+
+The bug
+    ``trl.models.utils.unwrap_model_for_generation`` (gathering on, the
+    default) removes DeepSpeed's ZeRO-3 module hooks for generation and puts
+    them back afterwards with ``add_hooks(model)``, which calls
+    ``optimizer_offload._register_hooks_recursively(optimizer_offload.module)``.
+    DeepSpeed 0.16.4 renamed that method of ``DeepSpeedZeRoOffload`` to
+    ``_register_deepspeed_module`` (deepspeedai/DeepSpeed PR #6847). With TRL
+    0.14.0 to 0.15.2 and DeepSpeed >= 0.16.4, every unwrap of the engine ends in
+    ``AttributeError: 'DeepSpeedZeRoOffload' object has no attribute
+    '_register_hooks_recursively'`` *after* the hooks were removed: the engine
+    is left without its hooks, so a caller that survives the error trains on
+    partitioned (empty) weights and fails later with misleading errors such as
+    ``RuntimeError: 'weight' must be 2-D``. TRL 0.14.0's GRPOTrainer unwraps
+    the engine at every step, so its first step dies; 0.15.x only avoids it
+    because it passes the bare module (see zero3-unwrap). TRL 0.16.0 calls
+    ``_register_deepspeed_module`` when ``deepspeed.__version__ >= 0.16.4``.
+
+Affected: trl 0.14.0 to 0.15.2 (and main-branch installs up to the fix,
+reporting 0.16.0.dev0) with deepspeed >= 0.16.4.
+
+How the probe recognises it
+    By the code, not by version numbers: the source of TRL's ``add_hooks``
+    names ``_register_hooks_recursively`` and not ``_register_deepspeed_module``,
+    and the installed ``DeepSpeedZeRoOffload`` class (looked up, nothing is
+    initialised) has ``_register_deepspeed_module`` but no
+    ``_register_hooks_recursively``. A DeepSpeed with neither, or one that
+    cannot be imported, gives "undecided".
+
+The fix
+    ``trl.models.utils.add_hooks`` is wrapped: when the model's ZeRO-3
+    parameter offload lacks the old method but has the new one, the hooks are
+    registered with the new one; in every other case TRL's own ``add_hooks``
+    runs unchanged. ``unwrap_model_for_generation`` looks ``add_hooks`` up as a
+    module global, so it sees the wrapper.
+
+Remove this patch when trl_compat no longer supports TRL < 0.16.0.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import sys
+
+from trl_compat._engine import Patch, needed, not_needed, undecided
+
+OLD = "_register_hooks_recursively"
+NEW = "_register_deepspeed_module"
+OFFLOAD_MODULE = "deepspeed.runtime.zero.parameter_offload"
+
+
+def parameter_offload(model):
+    """The ``DeepSpeedZeRoOffload`` behind a ZeRO-3 engine, as TRL finds it; None otherwise."""
+    optimizer = getattr(model, "optimizer", None)  # nn.Module raises AttributeError: bare modules give None
+    if optimizer is None:
+        return None
+    return getattr(optimizer, "parameter_offload", optimizer)
+
+
+def _offload_class():
+    module = sys.modules.get(OFFLOAD_MODULE)
+    if module is None:
+        # trl.models.utils imports deepspeed at its top whenever it is installed, and
+        # deepspeed's engine imports this module: normally this is a dictionary lookup.
+        module = importlib.import_module(OFFLOAD_MODULE)
+    return getattr(module, "DeepSpeedZeRoOffload")
+
+
+def probe(module):
+    try:
+        source = inspect.getsource(module.add_hooks)
+    except (OSError, TypeError) as exc:
+        return undecided(f"cannot read the source of trl.models.utils.add_hooks ({exc})")
+    if NEW in source:
+        return not_needed(f"TRL's add_hooks already knows {NEW} (TRL >= 0.16.0 behaviour)")
+    if OLD not in source:
+        return not_needed(f"TRL's add_hooks does not call {OLD}")
+    try:
+        cls = _offload_class()
+    except Exception as exc:  # noqa: BLE001 - a broken DeepSpeed install is not ours to judge
+        return undecided(f"cannot look up DeepSpeedZeRoOffload ({type(exc).__name__}: {exc})")
+    has_old, has_new = hasattr(cls, OLD), hasattr(cls, NEW)
+    if has_old:
+        return not_needed(f"the installed DeepSpeedZeRoOffload still has {OLD}, which TRL's add_hooks calls")
+    if not has_new:
+        return undecided(f"the installed DeepSpeedZeRoOffload has neither {OLD} nor {NEW}")
+    return needed(
+        f"TRL's add_hooks calls DeepSpeedZeRoOffload.{OLD}, which the installed DeepSpeed renamed to {NEW} "
+        "(DeepSpeed PR #6847): unwrapping a ZeRO-3 engine would fail after removing its hooks"
+    )
+
+
+def _wrap_add_hooks(original):
+    @functools.wraps(original)
+    def add_hooks(model, *args, **kwargs):
+        offload = parameter_offload(model)
+        if offload is not None and not hasattr(offload, OLD) and hasattr(offload, NEW):
+            getattr(offload, NEW)(offload.module)
+            return None
+        return original(model, *args, **kwargs)
+
+    return add_hooks
+
+
+def apply(module, patcher) -> None:
+    patcher.replace(module, "add_hooks", _wrap_add_hooks(module.add_hooks))
+
+
+PATCH = Patch(
+    id="zero3-hooks-api",
+    summary="unwrapping a ZeRO-3 engine re-registers its hooks with the method the installed DeepSpeed has",
+    upstream=(
+        "https://github.com/deepspeedai/DeepSpeed/pull/6847 renamed _register_hooks_recursively "
+        "(DeepSpeed 0.16.4); TRL handles both names from 0.16.0"
+    ),
+    module="trl.models.utils",
+    target="add_hooks",
+    # <=0.16.0.dev0: main-branch installs before the fix report 0.16.0.dev0; the probe decides.
+    requires={"trl": ">=0.14.0.dev0,<=0.16.0.dev0", "deepspeed": ">=0"},
+    probe=probe,
+    apply=apply,
+    remove_when="trl_compat drops support for TRL < 0.16.0",
+)
