@@ -1,9 +1,17 @@
 """The patches, one module each. A new patch is one module here plus its tests."""
 
-from trl_compat.patches import peft_optional, zero3_hooks_api, zero3_unwrap
+from trl_compat.patches import (
+    peft_optional,
+    vllm_lora_names,
+    vllm_merged_weights,
+    zero3_hooks_api,
+    zero3_unwrap,
+)
 
 PATCHES = [
     peft_optional.PATCH,
     zero3_unwrap.PATCH,  # before zero3-hooks-api: its add_hooks guard goes under
     zero3_hooks_api.PATCH,
+    vllm_lora_names.PATCH,
+    vllm_merged_weights.PATCH,
 ]

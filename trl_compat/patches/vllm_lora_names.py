@@ -1,0 +1,104 @@
+"""vllm-lora-names: with LoRA + ``use_vllm``, TRL 0.14.0 sends vLLM PEFT parameter names.
+
+The bug (TRL issue #2698; vLLM issue #12961; fixed by PR #2725 in 0.15.0): GRPOTrainer pushes
+``unwrapped_model.state_dict()`` into vLLM's ``load_weights`` as it is. For a PeftModel the
+names are ``base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight``,
+``...lora_A.default.weight`` and so on, and vLLM fails with ``ValueError: There is no module
+or parameter named 'base_model' in Qwen2ForCausalLM``. Even with the names fixed, the adapter
+is never merged, so vLLM would sample from the base model.
+
+Affected: TRL 0.14.0 (sync inline in ``compute_loss``) and main-branch 0.15.0.dev0 builds
+before PR #2725 (``81221661c``): inline in ``_prepare_inputs`` from PR #2762, in a
+``_move_model_to_vllm`` method from PR #2817.
+
+Probe: the ``trl.trainer.grpo_trainer`` source sends weights (``load_weights(``) but never
+strips ``removeprefix("base_model.model.")``; and the sync site is one we can hook: a
+``_move_model_to_vllm`` method, or ``compute_loss`` / ``_prepare_inputs`` holding the inline
+sync with its ``self.state.global_step != self._last_loaded_step`` guard.
+
+Fix: trl_compat's one sync path (:mod:`trl_compat.vllm_sync`, shared with
+``vllm-merged-weights``): base names, merged weights computed out of place one layer at a
+time, training weights untouched. There is no method to replace in 0.14.0, so the method
+holding the inline sync is wrapped: when a load is due we sync first and set
+``_last_loaded_step``, and TRL's own inline code then skips the step (it would also have
+gathered the whole model under ZeRO-3). This runs on every rank, so ZeRO-3's collective
+gathers stay in step, which fixing it inside vLLM's ``load_weights`` (main process only)
+could not do. Anything the sync does not recognise falls back to TRL's own code.
+
+Remove this patch when trl_compat no longer supports TRL < 0.15.0.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+from trl_compat._engine import Patch, needed, not_needed, undecided
+
+_SEND = re.compile(r"\bload_weights\(")
+_STRIP = re.compile(r"""removeprefix\(\s*["']base_model\.model\.["']\s*\)""")
+_DUE = re.compile(r"self\.state\.global_step\s*!=\s*self\._last_loaded_step")
+_DONE = re.compile(r"self\._last_loaded_step\s*=\s*self\.state\.global_step")
+
+
+def _source(obj):
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return None
+
+
+def sync_site(cls):
+    """``("method", name)`` for a ``_move_model_to_vllm`` to replace, ``("inline", name)``
+    for the method holding the inline sync, or ``None``."""
+    if "_move_model_to_vllm" in cls.__dict__:
+        source = _source(cls.__dict__["_move_model_to_vllm"])
+        if source is not None and _SEND.search(source):
+            return "method", "_move_model_to_vllm"
+    for name in ("compute_loss", "_prepare_inputs"):
+        method = cls.__dict__.get(name)
+        source = _source(method) if method is not None else None
+        if source is not None and _SEND.search(source) and _DUE.search(source) and _DONE.search(source):
+            return "inline", name
+    return None
+
+
+def probe(module):
+    source = _source(module)
+    if source is None:
+        return undecided("cannot read the source of trl.trainer.grpo_trainer")
+    if not _SEND.search(source):
+        return not_needed("this GRPOTrainer does not push weights into a colocated vLLM")
+    if _STRIP.search(source):
+        return not_needed("GRPOTrainer strips PEFT names before vLLM's load_weights (fixed in 0.15.0)")
+    site = sync_site(module.GRPOTrainer)
+    if site is None:
+        return undecided("PEFT names reach vLLM's load_weights, but the sync site is not one this patch can hook")
+    return needed(f"GRPOTrainer.{site[1]} sends PeftModel.state_dict() to vLLM's load_weights unmerged "
+                  "and with PEFT names ('base_model.model.', '.base_layer', lora_A/lora_B)")
+
+
+def apply(module, patcher):
+    from trl_compat import vllm_sync
+
+    cls = module.GRPOTrainer
+    kind, name = sync_site(cls)
+    original = getattr(cls, name)
+    if kind == "method":
+        patcher.replace(cls, name, vllm_sync.make_move_model_to_vllm(original))
+    else:
+        patcher.replace(cls, name, vllm_sync.make_presync(original))
+
+
+PATCH = Patch(
+    id="vllm-lora-names",
+    summary="LoRA + use_vllm: PEFT names and unmerged weights went to vLLM ('no module or parameter "
+            "named base_model'); send base names and merged weights instead",
+    upstream="https://github.com/huggingface/trl/issues/2698 (fixed by PR #2725 in 0.15.0; merged values in 0.15.1)",
+    module="trl.trainer.grpo_trainer",
+    target="GRPOTrainer",
+    requires={"trl": ">=0.14.0.dev0,<0.15.0"},
+    probe=probe,
+    apply=apply,
+    remove_when="TRL < 0.15.0 is no longer supported",
+)

@@ -1,0 +1,76 @@
+"""vllm-merged-weights: with LoRA + ``use_vllm``, TRL 0.15.0 sends vLLM the base weights.
+
+The bug (TRL issue #2856, fixed by PR #2873 in 0.15.1): ``GRPOTrainer._move_model_to_vllm``
+does ``merge_adapter()``, takes ``state_dict()``, ``unmerge_adapter()`` and only then calls
+vLLM's ``load_weights``. ``state_dict()`` shares storage with the parameters, so the unmerge
+has already reverted the values: vLLM generates from the base model at every step, with no
+error; the reward curve stays flat.
+
+Affected: TRL 0.15.0, and main-branch builds from PR #2725 (``81221661c``, 0.15.0.dev0) up
+to PR #2873 (``822653824``, by then 0.16.0.dev0). 0.15.1 moved the unmerge after the load.
+
+Probe: in the source of ``GRPOTrainer._move_model_to_vllm`` the first ``unmerge_adapter()``
+comes before the first ``load_weights(``. The version window (0.15.0.dev0 to 0.16.0.dev0)
+includes 0.15.1/0.15.2, where the probe finds the fixed order and reports "not needed".
+
+Fix: ``_move_model_to_vllm`` is replaced by trl_compat's one sync path
+(:mod:`trl_compat.vllm_sync`, shared with ``vllm-lora-names``): vLLM gets base names and
+merged weights computed out of place, one layer at a time, so unlike upstream's fix the
+training weights stay bit-identical and no second copy of the model is made. Anything the
+sync does not recognise falls back to TRL's own method.
+
+Remove this patch when trl_compat no longer supports TRL < 0.15.1 (nor 0.16.0.dev0 builds
+older than PR #2873).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+from trl_compat._engine import Patch, needed, not_needed, undecided
+
+_SEND = re.compile(r"\b(load_weights|update_named_param)\(")
+_UNMERGE = re.compile(r"\bunmerge_adapter\(\)")
+
+
+def probe(module):
+    cls = getattr(module, "GRPOTrainer")
+    method = cls.__dict__.get("_move_model_to_vllm")
+    if method is None:
+        return not_needed("GRPOTrainer does not define _move_model_to_vllm")
+    try:
+        source = inspect.getsource(method)
+    except (OSError, TypeError) as exc:
+        return undecided(f"cannot read the source of GRPOTrainer._move_model_to_vllm ({exc})")
+    send = _SEND.search(source)
+    if send is None:
+        return undecided("GRPOTrainer._move_model_to_vllm sends weights in a way this probe does not know")
+    unmerge = _UNMERGE.search(source)
+    if unmerge is None:
+        return not_needed("_move_model_to_vllm does not merge/unmerge a PEFT adapter")
+    if unmerge.start() < send.start():
+        return needed("_move_model_to_vllm calls unmerge_adapter() before vLLM's load_weights(): "
+                      "vLLM receives the base weights, not the merged ones")
+    return not_needed("_move_model_to_vllm unmerges the adapter after load_weights() (fixed in 0.15.1)")
+
+
+def apply(module, patcher):
+    from trl_compat import vllm_sync
+
+    cls = module.GRPOTrainer
+    patcher.replace(cls, "_move_model_to_vllm", vllm_sync.make_move_model_to_vllm(cls._move_model_to_vllm))
+
+
+PATCH = Patch(
+    id="vllm-merged-weights",
+    summary="LoRA + use_vllm: vLLM got the base weights (unmerge ran before load_weights); "
+            "send merged weights computed out of place instead",
+    upstream="https://github.com/huggingface/trl/issues/2856 (fixed by PR #2873 in 0.15.1)",
+    module="trl.trainer.grpo_trainer",
+    target="GRPOTrainer._move_model_to_vllm",
+    requires={"trl": ">=0.15.0.dev0,<0.16.0.dev1"},
+    probe=probe,
+    apply=apply,
+    remove_when="TRL < 0.15.1 is no longer supported",
+)
