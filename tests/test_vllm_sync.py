@@ -662,7 +662,9 @@ def _zero3_worker(out_path):
     sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     import deepspeed
     import torch.distributed as dist
+    from zero3_worker import serialise_all_gathers
 
+    serialise_all_gathers()  # DeepSpeed 0.16's out-of-order gloo all-gathers (see zero3_worker)
     deepspeed.init_distributed("gloo")
     rank = dist.get_rank()
     model = _modules_to_save()  # LoRA on Linear + Embedding, a modules_to_save lm_head
