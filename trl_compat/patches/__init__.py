@@ -1,7 +1,9 @@
 """The patches, one module each. A new patch is one module here plus its tests."""
 
 from trl_compat.patches import (
+    grpo_eval_014,
     peft_optional,
+    train_sampler_signature,
     vllm_lora_names,
     vllm_merged_weights,
     zero3_hooks_api,
@@ -12,6 +14,8 @@ PATCHES = [
     peft_optional.PATCH,
     zero3_unwrap.PATCH,  # before zero3-hooks-api: its add_hooks guard goes under
     zero3_hooks_api.PATCH,
+    train_sampler_signature.PATCH,
+    grpo_eval_014.PATCH,
     vllm_lora_names.PATCH,
     vllm_merged_weights.PATCH,
 ]
