@@ -9,13 +9,12 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
-try:
-    import grpo_run
-    import tiny
-except ImportError:  # tests/ is a package
-    from tests import grpo_run, tiny
+torch = pytest.importorskip("torch")
+pytest.importorskip("trl")
+
+import grpo_run  # noqa: E402
+import tiny  # noqa: E402
 
 STANDIN = grpo_run.standin_vllm_installed()
 requires_standin = pytest.mark.skipif(not STANDIN, reason="vLLM stand-in not installed (pip install ./tests/vllm_standin)")
