@@ -289,11 +289,13 @@ def apply(module, patcher) -> None:
     wrapper = _wrap_unwrap(original)
     patcher.replace(module, NAME, wrapper)
     # Modules that imported the name before us (trl.models caches it, trainers
-    # import it from there); modules imported later get the wrapper anyway.
+    # import it from there); modules imported later get the wrapper anyway, and
+    # keep that earlier wrapper after a revert: rebind those too on re-apply.
     for name, other in sorted(sys.modules.items()):
         if other is None or other is module or not (name == "trl" or name.startswith("trl.")):
             continue
-        if vars(other).get(NAME) is original:
+        bound = vars(other).get(NAME)
+        if bound is original or getattr(bound, _engine.MARKER, None) == PATCH_ID:
             patcher.replace(other, NAME, wrapper)
 
 
