@@ -18,6 +18,7 @@ Nothing here raises into the user's program unless ``TRL_COMPAT_STRICT=1``.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import importlib.util
 import logging
@@ -284,6 +285,14 @@ def install(*ids: str) -> None:
 
 def _make_hook(patch_id: str, generation: int) -> Callable[[ModuleType], None]:
     def hook(module: ModuleType) -> None:
+        if getattr(getattr(module, "__spec__", None), "_initializing", False):
+            # wrapt fires as soon as the module is in sys.modules, possibly while
+            # another thread is still executing it. import_module waits for that
+            # thread (outside our lock: it may need our lock for its own hooks).
+            try:
+                module = importlib.import_module(module.__name__)
+            except Exception:  # noqa: BLE001 - its import failed: nothing to patch
+                return
         with _lock:
             state = _states[patch_id]
             if state.generation != generation or state.status != PENDING:

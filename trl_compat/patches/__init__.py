@@ -4,6 +4,8 @@ from trl_compat.patches import (
     grpo_eval_014,
     peft_optional,
     train_sampler_signature,
+    transformers5_grpo,
+    transformers5_import,
     vllm_lora_names,
     vllm_merged_weights,
     zero3_hooks_api,
@@ -11,6 +13,8 @@ from trl_compat.patches import (
 )
 
 PATCHES = [
+    transformers5_import.PATCH,
+    transformers5_grpo.PATCH,
     peft_optional.PATCH,
     zero3_unwrap.PATCH,  # before zero3-hooks-api: its add_hooks guard goes under
     zero3_hooks_api.PATCH,
