@@ -129,7 +129,6 @@ def make_config(output_dir: Union[str, os.PathLike], *, steps: int = 3, use_vllm
         max_completion_length=8,
         learning_rate=1e-3,
         seed=0,
-        data_seed=0,
         bf16=False,
         fp16=False,
         disable_tqdm=True,

@@ -84,8 +84,7 @@ def _trainer(tmp_path, eval_prompts=4, **overrides):
     from trl import GRPOTrainer
 
     with_eval = functools.partial(GRPOTrainer, eval_dataset=grpo_run.tiny.prompt_dataset(eval_prompts))
-    # data_seed=None: with accelerate < 1.1 (cell trl0.17.0-tf4.46.3) the evaluation dataloader refuses it.
-    return grpo_run.make_trainer(tmp_path, trainer_cls=with_eval, **{"data_seed": None, **overrides})
+    return grpo_run.make_trainer(tmp_path, trainer_cls=with_eval, **overrides)
 
 
 @only_014

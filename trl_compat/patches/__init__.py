@@ -2,6 +2,7 @@
 
 from trl_compat.patches import (
     grpo_eval_014,
+    logits_to_keep,
     peft_optional,
     train_sampler_signature,
     transformers5_grpo,
@@ -16,8 +17,9 @@ PATCHES = [
     transformers5_import.PATCH,
     transformers5_grpo.PATCH,
     peft_optional.PATCH,
-    zero3_unwrap.PATCH,  # before zero3-hooks-api: its add_hooks guard goes under
+    zero3_unwrap.PATCH,
     zero3_hooks_api.PATCH,
+    logits_to_keep.PATCH,
     train_sampler_signature.PATCH,
     grpo_eval_014.PATCH,
     vllm_lora_names.PATCH,
