@@ -276,7 +276,12 @@ def main():
     shard_report("end", trainer.model)
     torch.distributed.barrier()
     emit("done")
-    torch.distributed.destroy_process_group()
+    # Both ranks are done and have said so. Leave without the interpreter's teardown: gloo and
+    # DeepSpeed's CPU threads sometimes abort there ("terminate called without an active
+    # exception", SIGABRT) after everything has passed, which would fail the launch for nothing.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -248,7 +248,7 @@ PATCH = Patch(
         "before 0.15.0); get_peft_model NameError fixed by PR #2848 in 0.16.0"
     ),
     module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer.__init__",
+    target="GRPOTrainer",  # the class: __init__ can never be missing (it is inherited)
     # <=0.16.0.dev0: main reported 0.16.0.dev0 for five days before PR #2848 added the guard.
     requires={"trl": ">=0.14.0.dev0,<=0.16.0.dev0"},
     probe=probe,
