@@ -26,6 +26,7 @@ import pytest
 from packaging.version import Version
 
 import trl_compat
+from versions import installed
 from trl_compat.patches.grpo_eval_014 import PATCH
 
 PID = PATCH.id
@@ -37,14 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "zero3_eval_worker.py")
 
 
-def _version(dist):
-    try:
-        return Version(importlib.metadata.version(dist))
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-TRL, DS = _version("trl"), _version("deepspeed")
+TRL, DS = installed("trl"), installed("deepspeed")
 HAVE_TRL = TRL is not None and importlib.util.find_spec("trl") is not None
 HAVE_DS = DS is not None and importlib.util.find_spec("deepspeed") is not None
 # Expectations from versions; the patch itself probes the code.

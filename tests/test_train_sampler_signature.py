@@ -17,20 +17,14 @@ import pytest
 from packaging.version import Version
 
 import trl_compat
+from versions import installed
 from trl_compat.patches.train_sampler_signature import PATCH
 
 PID = PATCH.id
 EXACT = "GRPOTrainer._get_train_sampler() takes 1 positional argument but 2 were given"
 
 
-def _version(dist):
-    try:
-        return Version(importlib.metadata.version(dist))
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-TRL, TF = _version("trl"), _version("transformers")
+TRL, TF = installed("trl"), installed("transformers")
 HAVE_TRL = TRL is not None and TF is not None and importlib.util.find_spec("trl") is not None
 # Expectations from versions; the patch itself probes the code.
 AFFECTED = HAVE_TRL and Version("0.15.0") <= TRL < Version("0.17.0") and TF >= Version("4.52.0")

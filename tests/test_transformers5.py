@@ -21,19 +21,11 @@ import pytest
 from packaging.version import Version
 
 import trl_compat
+from versions import installed
 
 
-def _version(dist):
-    import importlib.metadata
-
-    try:
-        return Version(importlib.metadata.version(dist))
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-TRL = _version("trl")
-TF = _version("transformers")
+TRL = installed("trl")
+TF = installed("transformers")
 AFFECTED = (TRL is not None and TF is not None and Version("0.14.0.dev0") <= TRL < Version("0.20.0")
             and TF >= Version("5.0.0.dev0"))
 IMPORT_ID, GRPO_ID = "transformers5-import", "transformers5-grpo"

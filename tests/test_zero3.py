@@ -18,6 +18,7 @@ import pytest
 from packaging.version import Version
 
 import trl_compat
+from versions import installed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "zero3_worker.py")
@@ -27,14 +28,7 @@ NO_OPTIMIZER = "AttributeError: 'Qwen2ForCausalLM' object has no attribute 'opti
 RENAMED = "AttributeError: 'DeepSpeedZeRoOffload' object has no attribute '_register_hooks_recursively'"
 
 
-def _version(dist):
-    try:
-        return Version(importlib.metadata.version(dist))
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-TRL, DS = _version("trl"), _version("deepspeed")
+TRL, DS = installed("trl"), installed("deepspeed")
 HAVE_BOTH = TRL is not None and DS is not None and importlib.util.find_spec("deepspeed") is not None
 # The tests derive expectations from versions; the patches themselves probe the code.
 TRL_014 = TRL is not None and TRL < Version("0.15.0")
