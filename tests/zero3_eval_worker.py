@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from zero3_worker import DS_CONFIG, emit, serialise_all_gathers, skip_shm_build  # noqa: E402
+from zero3_worker import DS_CONFIG, emit, finish, serialise_all_gathers, skip_shm_build  # noqa: E402
 
 IDS = ("grpo-eval-0.14", "zero3-unwrap", "zero3-hooks-api")
 
@@ -35,7 +35,6 @@ def main():
 
     import trl_compat
 
-    import torch
     import trl
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -102,14 +101,7 @@ def main():
     state["trainer"] = trainer
     trainer.train()  # an error here kills the rank with TRL's traceback
     emit("trained", steps=trainer.state.global_step, observed=state["done"])
-    torch.distributed.barrier()
-    emit("done")
-    # Both ranks are done and have said so. Leave without the interpreter's teardown: gloo and
-    # DeepSpeed's CPU threads sometimes abort there ("terminate called without an active
-    # exception", SIGABRT) after everything has passed, which would fail the launch for nothing.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish()
 
 
 if __name__ == "__main__":

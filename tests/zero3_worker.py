@@ -83,6 +83,19 @@ def serialise_all_gathers():
         setattr(comm, name, gather)
 
 
+def finish():
+    """Wait for both ranks, say "done", and leave without the interpreter's teardown: gloo and
+    DeepSpeed's CPU threads sometimes abort there ("terminate called without an active
+    exception", SIGABRT) after everything has passed, which would fail the launch for nothing."""
+    import torch.distributed
+
+    torch.distributed.barrier()
+    emit("done")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 DS_CONFIG = {
     "zero_optimization": {
         "stage": 3,
@@ -274,14 +287,7 @@ def main():
     emit("train", steps=trainer.state.global_step, losses=losses,
          finite=bool(losses) and all(math.isfinite(x) for x in losses), weights_moved=moved, hooks=hooks())
     shard_report("end", trainer.model)
-    torch.distributed.barrier()
-    emit("done")
-    # Both ranks are done and have said so. Leave without the interpreter's teardown: gloo and
-    # DeepSpeed's CPU threads sometimes abort there ("terminate called without an active
-    # exception", SIGABRT) after everything has passed, which would fail the launch for nothing.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish()
 
 
 if __name__ == "__main__":
