@@ -1,5 +1,8 @@
 """grpo-eval-0.14: GRPO evaluation on TRL 0.14.0 (loss and reward metrics, kept apart from training's).
 
+Remove this patch when trl_compat no longer supports TRL 0.14.x (and
+0.15.0.dev0 installs older than PR #2694).
+
 The bug
     TRL 0.14.0's GRPOTrainer generates inside ``compute_loss`` from the raw
     batch, a list of prompt dicts: its data collator returns the features and
@@ -38,8 +41,6 @@ The fix
     0.14.0's ``unwrap_model_for_generation`` cannot take: that is the
     zero3-unwrap patch, and both are needed there.
 
-Remove this patch when trl_compat no longer supports TRL 0.14.x (and
-0.15.0.dev0 installs older than PR #2694).
 """
 
 from __future__ import annotations

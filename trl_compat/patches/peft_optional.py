@@ -1,5 +1,8 @@
 """peft-optional: GRPO without peft installed must not die on PEFT names.
 
+Remove this patch when trl_compat no longer supports TRL < 0.16.0 (including
+0.15.0.dev0/0.16.0.dev0 git installs from before PR #2848).
+
 The bug
     ``trl/trainer/grpo_trainer.py`` binds ``PeftConfig``, ``get_peft_model``
     (and for a while ``PeftModel``) only ``if is_peft_available()``, yet its
@@ -40,8 +43,6 @@ The fix
     raise that ImportError when ``peft_config`` is given, before TRL loads the
     model or does any other work. With peft installed nothing is changed.
 
-Remove this patch when trl_compat no longer supports TRL < 0.16.0 (including
-0.15.0.dev0/0.16.0.dev0 git installs from before PR #2848).
 """
 
 from __future__ import annotations

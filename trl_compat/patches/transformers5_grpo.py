@@ -1,5 +1,7 @@
 """transformers5-grpo: ``GRPOTrainer.__init__`` of TRL <= 0.19 on transformers 5.
 
+Remove this patch when trl_compat no longer supports TRL < 0.20 on transformers >= 5.
+
 The bugs (once transformers5-import lets ``from trl import GRPOTrainer`` work)
     1. ``GRPOTrainer(model="<path or hub id>")`` sets
        ``model_init_kwargs["use_cache"] = False if args.gradient_checkpointing else
@@ -40,7 +42,6 @@ One patch for both: same trigger (``trl.trainer.grpo_trainer``), same place
 (``GRPOTrainer.__init__``), same cause (transformers 5); each part applies only where its
 probe finds it. transformers5-import has a different trigger and is separate.
 
-Remove this patch when trl_compat no longer supports TRL < 0.20 on transformers >= 5.
 """
 
 from __future__ import annotations

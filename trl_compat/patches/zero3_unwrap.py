@@ -1,5 +1,8 @@
 """zero3-unwrap: unwrapping the bare module under ZeRO-3 uses its DeepSpeed engine.
 
+Remove this patch when trl_compat drops support for TRL < 0.16.0 (and 0.16.0.dev0
+installs older than PR #2871).
+
 The bug
     Under DeepSpeed, ``Trainer.model`` stays the bare ``PreTrainedModel``; only
     ``Trainer.model_wrapped`` is the ``DeepSpeedEngine``, and only the engine
