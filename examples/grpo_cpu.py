@@ -36,8 +36,10 @@ def main():
         trainer.train()
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
         print(f"GRPO finished {trainer.state.global_step} steps; losses {losses}")
-        for rec in trl_compat.report():
-            print(f"  {rec.id:<22} {rec.status:<12} {rec.reason}")
+        records = trl_compat.report()
+        width = max(len(rec.id) for rec in records)
+        for rec in records:
+            print(f"  {rec.id:<{width}}  {rec.status:<10}  {rec.reason}")
 
 
 if __name__ == "__main__":
