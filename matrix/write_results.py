@@ -21,8 +21,9 @@ def outcomes(xml_path):
     if not xml_path.exists():
         return per_module
     for case in ET.parse(xml_path).iter("testcase"):
-        module = case.get("classname", "?").split(".")
-        module = next((part for part in module if part.startswith("test_")), module[-1])
+        # a module skipped whole (importorskip) has no classname, only its dotted path as name
+        parts = (case.get("classname") or case.get("name", "?")).split(".")
+        module = next((part for part in parts if part.startswith("test_")), parts[-1])
         kinds = {child.tag for child in case}
         if kinds & {"failure", "error"}:
             per_module[module]["failed"] += 1
