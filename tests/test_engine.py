@@ -82,6 +82,7 @@ def test_applies_when_the_module_is_imported_after_install(fake_pkg):
     mod = importlib.import_module(fake_pkg)
     assert trl_compat.status(patch.id) == trl_compat.APPLIED
     assert mod.Trainer().step(1) == ("patched", 1)
+    assert patch.id in trl_compat.applied()
 
 
 def test_applies_when_the_module_was_imported_before(fake_pkg):

@@ -128,10 +128,6 @@ class Patcher:
         self._changes.append((owner, name, old, new))
         return previous
 
-    @property
-    def changed(self) -> bool:
-        return bool(self._changes)
-
     def undo(self) -> None:
         while self._changes:
             owner, name, old, new = self._changes.pop()
