@@ -37,6 +37,10 @@ def outcomes(xml_path):
 def main(results_dir, output):
     results_dir = pathlib.Path(results_dir)
     cells = sorted(p.stem for p in results_dir.glob("*.json"))
+    # A cell whose venv never installed leaves no report: say so instead of
+    # quietly writing a table without it.
+    declared = sorted(p.stem for p in (pathlib.Path(__file__).parent / "cells").glob("*.txt"))
+    missing = [c for c in declared if c not in cells]
     reports = {c: json.loads((results_dir / f"{c}.json").read_text()) for c in cells}
     tests = {c: outcomes(results_dir / f"{c}.xml") for c in cells}
     patch_ids = []
@@ -78,6 +82,9 @@ def main(results_dir, output):
             row.append(f"{c['passed']} / {c['failed']} / {c['skipped']}" if c else "-")
         lines.append(f"| {cell} | " + " | ".join(row) + " |")
 
+    if missing:
+        lines += ["", "No report from " + ", ".join(missing) + " (its venv did not install, or it was not run)."]
+
     lines += ["", "## Versions per cell", "", "| cell | " + " | ".join(STACK) + " |", "|---|" + "---|" * len(STACK)]
     for cell in cells:
         v = reports[cell]["versions"]
@@ -92,6 +99,8 @@ def main(results_dir, output):
     pathlib.Path(output).write_text("\n".join(lines) + "\n")
     print(f"wrote {output} for {len(cells)} cells")
     print(f"matrix: {total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
+    if missing:
+        print("no report from: " + ", ".join(missing))
     return 1 if total["failed"] or not cells else 0
 
 
