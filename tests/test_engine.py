@@ -158,6 +158,52 @@ def test_revert_neutralises_a_hook_that_has_not_fired(fake_pkg):
     assert trl_compat.status(patch.id) == trl_compat.REVERTED
 
 
+
+def _tagging(tag):
+    """An apply that wraps Trainer.step, adding ``tag`` to the result."""
+    def apply(module, patcher):
+        inner = module.Trainer.step
+
+        def step(self, *args, **kwargs):
+            return (tag,) + inner(self, *args, **kwargs)
+
+        patcher.replace(module.Trainer, "step", step)
+
+    return apply
+
+
+def test_reverting_the_lower_of_two_stacked_patches(fake_pkg):
+    """Two patches wrap the same method; reverting the first one must remove it for
+    real (not leave it under the second) and keep the second one working."""
+    mod = importlib.import_module(fake_pkg)
+    lower = make_patch(fake_pkg, apply=_tagging("lower"))
+    upper = make_patch(fake_pkg, apply=_tagging("upper"))
+    trl_compat.install(lower.id, upper.id)
+    assert mod.Trainer().step(1) == ("upper", "lower", "base", 1)
+
+    trl_compat.revert(lower.id)
+    assert mod.Trainer().step(2) == ("upper", "base", 2)
+    assert trl_compat.status(lower.id) == trl_compat.REVERTED
+    assert trl_compat.status(upper.id) == trl_compat.APPLIED
+
+    trl_compat.install(lower.id)  # back on, now above
+    assert mod.Trainer().step(3) == ("lower", "upper", "base", 3)
+    trl_compat.revert()
+    assert "step" not in vars(mod.Trainer)
+    assert mod.Trainer().step(4) == ("base", 4)
+
+
+def test_reverting_the_upper_of_two_stacked_patches(fake_pkg):
+    mod = importlib.import_module(fake_pkg)
+    lower = make_patch(fake_pkg, apply=_tagging("lower"))
+    upper = make_patch(fake_pkg, apply=_tagging("upper"))
+    trl_compat.install(lower.id, upper.id)
+    trl_compat.revert(upper.id)
+    assert mod.Trainer().step(1) == ("lower", "base", 1)
+    assert trl_compat.status(lower.id) == trl_compat.APPLIED
+    trl_compat.revert(lower.id)
+    assert "step" not in vars(mod.Trainer)
+
 def test_apply_that_raises_half_way_leaves_nothing_patched(fake_pkg, caplog):
     mod = importlib.import_module(fake_pkg)
     before = dict(vars(mod.Trainer))

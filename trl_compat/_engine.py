@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import itertools
 import logging
 import os
 import threading
@@ -128,6 +129,9 @@ class Patcher:
         self._changes.append((owner, name, old, new))
         return previous
 
+    def touched(self) -> set:
+        return {(id(owner), name) for owner, name, _, _ in self._changes}
+
     def undo(self) -> None:
         while self._changes:
             owner, name, old, new = self._changes.pop()
@@ -154,11 +158,13 @@ class _State:
     generation: int = 0  # bumped by revert(): hooks from older generations do nothing
     patcher: Optional[Patcher] = None
     module: Optional[ModuleType] = None
+    applied_order: int = 0  # when it was applied, among all patches: revert() undoes newest first
 
 
 _lock = threading.RLock()
 _registry: Dict[str, Patch] = {}
 _states: Dict[str, _State] = {}
+_application_counter = itertools.count(1)
 
 
 def register(patch: Patch) -> None:
@@ -365,14 +371,21 @@ def _resolve(patch: Patch, module: ModuleType) -> None:
         _set(patch, FAILED, f"apply raised {type(exc).__name__}: {exc}; changes rolled back")
         return
     _states[patch.id].patcher = patcher
+    _states[patch.id].applied_order = next(_application_counter)
     _set(patch, APPLIED, verdict.reason)
 
 
 def revert(*ids: str) -> None:
     """Undo the given patches (default: all), newest first, and neutralise
-    their hooks that have not fired yet. ``install()`` re-applies."""
+    their hooks that have not fired yet. ``install()`` re-applies.
+
+    A patch applied later on top of one of them (wrapping the same attribute)
+    comes off first and is applied again afterwards, on what is left: undoing
+    only the lower one would leave it half in place under the upper one."""
     with _lock:
-        for patch in reversed(_select(ids)):
+        chosen = _select(ids)
+        restack = _applied_on_top_of(chosen)
+        for patch in sorted(chosen + restack, key=lambda p: _states[p.id].applied_order, reverse=True):
             state = _states[patch.id]
             state.generation += 1
             if state.patcher is not None:
@@ -381,6 +394,30 @@ def revert(*ids: str) -> None:
                 state.status, state.reason = REVERTED, "reverted by trl_compat.revert()"
             elif state.status == PENDING:
                 state.status, state.reason = REVERTED, "reverted before its trigger module was imported"
+    if restack:
+        install(*(p.id for p in restack))
+
+
+def _applied_on_top_of(chosen: List[Patch]) -> List[Patch]:
+    """Applied patches, not in ``chosen``, that changed an attribute a chosen one
+    changed, after it (and, in turn, those on top of them)."""
+    chosen_ids = {p.id for p in chosen}
+    below = [(_states[p.id].applied_order, _states[p.id].patcher.touched())
+             for p in chosen if _states[p.id].patcher is not None]
+    on_top: List[Patch] = []
+    grew = True
+    while grew:
+        grew = False
+        for patch in registry():
+            state = _states[patch.id]
+            if patch.id in chosen_ids or patch in on_top or state.patcher is None:
+                continue
+            mine = state.patcher.touched()
+            if any(order < state.applied_order and mine & touched for order, touched in below):
+                on_top.append(patch)
+                below.append((state.applied_order, mine))
+                grew = True
+    return on_top
 
 
 def _log_summary_when_settled() -> None:
