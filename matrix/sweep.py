@@ -51,6 +51,7 @@ KNOWN = {
     "zero3-hooks-api": lambda v, vs: V("0.14.0") <= v < V("0.16.0") and (_v(vs, "deepspeed") or V("0")) >= V("0.16.4"),
     "train-sampler-signature": lambda v, vs: V("0.15.0") <= v < V("0.17.0") and _v(vs, "transformers") >= V("4.52.0"),
     "grpo-eval-0.14": lambda v, vs: v == V("0.14.0"),
+    "vllm-prefix-cache": lambda v, vs: V("0.15.0") <= v < V("0.16.0"),
 }
 
 CHECK = r"""

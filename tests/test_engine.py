@@ -188,7 +188,7 @@ def test_reverting_the_lower_of_two_stacked_patches(fake_pkg):
 
     trl_compat.install(lower.id)  # back on, now above
     assert mod.Trainer().step(3) == ("lower", "upper", "base", 3)
-    trl_compat.revert()
+    trl_compat.revert(lower.id, upper.id)
     assert "step" not in vars(mod.Trainer)
     assert mod.Trainer().step(4) == ("base", 4)
 

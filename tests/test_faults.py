@@ -35,13 +35,18 @@ def trl_namespaces():
 
 
 def snapshot():
-    return {name: {k: id(v) for k, v in vars(space).items()} for name, space in trl_namespaces()}
+    # the values themselves, not their id(): a wrapper freed by revert() and a new one made by
+    # install() can share an id
+    return {name: dict(vars(space)) for name, space in trl_namespaces()}
+
+
+_ABSENT = object()
 
 
 def differences(a, b):
     return sorted(f"{space}.{k}" for space in set(a) | set(b)
                   for k in set(a.get(space, {})) | set(b.get(space, {}))
-                  if a.get(space, {}).get(k) != b.get(space, {}).get(k))
+                  if a.get(space, {}).get(k, _ABSENT) is not b.get(space, {}).get(k, _ABSENT))
 
 
 @pytest.fixture

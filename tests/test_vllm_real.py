@@ -1,4 +1,4 @@
-"""vllm-lora-names / vllm-merged-weights against a REAL vLLM engine (0.7.x, V0 engine).
+"""vllm-lora-names / vllm-merged-weights / vllm-prefix-cache against a REAL vLLM engine (0.7.x, V0).
 
 Skipped unless a real ``vllm`` (not the test stand-in) and a CUDA GPU are present; the default
 CPU matrix never runs it. Same assertions as ``test_vllm_sync.py``:
@@ -205,3 +205,37 @@ def test_real_grpo_lora_vllm_three_steps(tmp_path, checkpoint):
         assert moved == []
         for key, tensor in held.items():
             assert torch.equal(tensor, expected[key].to(device=tensor.device, dtype=tensor.dtype)), key
+
+
+def test_real_vllm_prefix_cache_outlives_load_weights_until_reset(checkpoint):
+    """vllm-prefix-cache: real vLLM serves a cached prompt prefix computed by the old weights
+    after load_weights (the bug), and the patch's reset after the sync removes it."""
+    from trl_compat.patches.vllm_prefix_cache import _reset_prefix_cache
+
+    engine = vllm.LLM(model=checkpoint, dtype="float32", gpu_memory_utilization=0.2, enforce_eager=True,
+                      max_model_len=128, seed=0, enable_prefix_caching=True)
+    try:
+        llm_model = engine.llm_engine.model_executor.driver_worker.model_runner.model
+    except AttributeError:
+        pytest.skip(f"vllm {vllm.__version__}: no V0 driver_worker.model_runner.model (TRL 0.15's path)")
+    prompt = " ".join(tiny.vocab_words()[:40])  # two full 16-token blocks before the last token
+    params = vllm.SamplingParams(max_tokens=1, temperature=0.0, logprobs=5)
+
+    def next_token_logprobs():
+        (out,) = engine.generate([prompt], params, use_tqdm=False)
+        return {tok: lp.logprob for tok, lp in out.outputs[0].logprobs[0].items()}
+
+    next_token_logprobs()  # fills the cache with the checkpoint's KV
+    llm_model.load_weights(tiny.make_model("qwen2", seed=5, **SHAPE).state_dict().items())
+    stale = next_token_logprobs()
+    assert engine.reset_prefix_cache()
+    fresh = next_token_logprobs()  # computed from scratch by the new weights
+    assert stale != pytest.approx(fresh, abs=1e-4)  # the bug: old KV under the new weights
+
+    llm_model.load_weights(tiny.make_model("qwen2", seed=6, **SHAPE).state_dict().items())
+    import types
+
+    _reset_prefix_cache(types.SimpleNamespace(llm=engine))  # what the patch does after each sync
+    after_fix = next_token_logprobs()
+    assert engine.reset_prefix_cache()
+    assert after_fix == pytest.approx(next_token_logprobs(), abs=1e-5)

@@ -9,6 +9,7 @@ from trl_compat.patches import (
     transformers5_import,
     vllm_lora_names,
     vllm_merged_weights,
+    vllm_prefix_cache,
     zero3_hooks_api,
     zero3_unwrap,
 )
@@ -24,4 +25,5 @@ PATCHES = [
     grpo_eval_014.PATCH,
     vllm_lora_names.PATCH,
     vllm_merged_weights.PATCH,
+    vllm_prefix_cache.PATCH,  # after vllm-merged-weights: it wraps the same method
 ]

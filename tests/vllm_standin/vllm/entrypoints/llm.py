@@ -142,6 +142,16 @@ class LLM:
         self._request_counter = itertools.count()
         self.generate_calls = 0
         self.prefix_cache_resets = 0
+        # Automatic prefix caching as vLLM 0.7's block manager keeps it: full blocks of prompt
+        # tokens, keyed by their content and everything before them, never by the weights that
+        # computed them. load_weights() leaves the cache alone; only reset_prefix_cache() empties
+        # it. The stand-in does not feed cached KV into generation; it records, per generate(),
+        # how many prompt tokens vLLM would have served from the cache ("hit") and how many of
+        # those were computed under older weights than the ones loaded now ("stale").
+        self.enable_prefix_caching = bool(kwargs.get("enable_prefix_caching", False))
+        self.block_size = int(kwargs.get("block_size") or 16)
+        self._cached_blocks: dict[tuple, int] = {}  # prompt prefix ending a block -> weights_version
+        self.prefix_cache_log: list[dict] = []
 
     # -- helpers ------------------------------------------------------------------------------------
     @property
@@ -156,8 +166,29 @@ class LLM:
         return [func(self.model)]
 
     def reset_prefix_cache(self) -> bool:
+        # vLLM refuses (returns False) while requests hold blocks; the offline LLM holds none
+        # between generate() calls.
         self.prefix_cache_resets += 1
+        self._cached_blocks.clear()
         return True
+
+    def _account_prefix_cache(self, prompt_ids: list) -> None:
+        version = self.model.weights_version
+        hit = stale = 0
+        for ids in prompt_ids:
+            reusing = True
+            for end in range(self.block_size, len(ids) + 1, self.block_size):
+                key = tuple(ids[:end])
+                # a block is reused only while every block before it was; the last prompt token
+                # is always computed, so a block that ends the prompt is recomputed
+                computed_with = self._cached_blocks.get(key) if reusing and end < len(ids) else None
+                if computed_with is None:
+                    reusing = False
+                    self._cached_blocks[key] = version
+                    continue
+                hit += self.block_size
+                stale += self.block_size if computed_with != version else 0
+        self.prefix_cache_log.append(dict(weights_version=version, hit_tokens=hit, stale_tokens=stale))
 
     def _sync_hf_model(self) -> None:
         packed = self.model
@@ -215,6 +246,8 @@ class LLM:
                     f"Prompt length of {len(ids)} is longer than the maximum model length of {self.max_model_len}."
                 )
             requests.append((text, ids, sp))
+        if self.enable_prefix_caching:
+            self._account_prefix_cache([ids for _, ids, _ in requests])
         # Requests sharing one SamplingParams object (and no per-request seed) and a prompt length
         # are sampled in one batch (no padding needed); each batch draws its seed from the LLM's RNG.
         batches: dict[Any, list[int]] = {}

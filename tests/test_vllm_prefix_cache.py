@@ -1,0 +1,123 @@
+"""vllm-prefix-cache (TRL 0.15.x): no prompt prefix cached under older weights may be reused
+after a weight sync.
+
+* The stand-in's model of vLLM's prefix cache (cells with the stand-in): content-keyed full
+  blocks, kept across ``load_weights``, emptied by ``reset_prefix_cache()``.
+* Real 3-step GRPO runs with ``use_vllm`` on TRL 0.15.x and prompts sharing a 20-word prefix:
+  without the patch, steps 1 and 2 are generated from a prefix cached at step 0 (stale blocks
+  counted by the stand-in); with it, one reset per sync, no stale block, and prompts repeated
+  within a step still hit the cache.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import tiny  # noqa: E402
+
+import trl_compat  # noqa: E402
+
+PID = "vllm-prefix-cache"
+
+
+def _standin():
+    try:
+        import vllm
+    except Exception:  # noqa: BLE001
+        return None
+    return vllm if getattr(vllm, "__stand_in__", False) else None
+
+
+requires_standin = pytest.mark.skipif(_standin() is None, reason="the vLLM stand-in is not installed")
+
+
+@requires_standin
+def test_standin_prefix_cache_outlives_load_weights_until_reset(tmp_path):
+    from vllm import LLM, SamplingParams
+
+    path = tiny.save_tiny(tmp_path / "m", "qwen2")
+    llm = LLM(model=path, device="cpu", gpu_memory_utilization=0.5, dtype="float32", enable_prefix_caching=True)
+    prompt = " ".join(tiny.vocab_words()[:40])  # 40 tokens: blocks end at 16 and 32, then a partial one
+    params = SamplingParams(temperature=0.0, max_tokens=2)
+
+    def cached():
+        llm.generate(prompt, params, use_tqdm=False)
+        last = llm.prefix_cache_log[-1]
+        return last["hit_tokens"], last["stale_tokens"]
+
+    assert cached() == (0, 0)
+    assert cached() == (32, 0)
+    llm.model.load_weights(tiny.make_model("qwen2", seed=1).state_dict().items())
+    assert cached() == (32, 32)  # content-keyed: the blocks computed by the old weights are served
+    assert llm.reset_prefix_cache() is True
+    assert cached() == (0, 0)
+    assert cached() == (32, 0)
+
+    plain = LLM(model=path, device="cpu", gpu_memory_utilization=0.5, dtype="float32")
+    plain.generate([prompt, prompt], params, use_tqdm=False)
+    assert plain.prefix_cache_log == []
+
+
+SHARED_PREFIX = tiny.vocab_words()[100:120]  # like a system prompt: 20 tokens, one full block
+
+
+def _dataset(n=8):
+    from datasets import Dataset
+
+    words = tiny.vocab_words()
+    return Dataset.from_dict({"prompt": [
+        " ".join(SHARED_PREFIX + [words[(i * 37 + j * 11) % 90] for j in range(5)]) for i in range(n)
+    ]})
+
+
+def _grpo_on_015_or_skip():
+    pytest.importorskip("trl")
+    import grpo_run
+    import trl.trainer.grpo_trainer  # noqa: F401  (the patch's trigger)
+
+    if grpo_run.trl_version()[:2] != (0, 15):
+        pytest.skip("the bug is in TRL 0.15.x (cells trl0.15.*); 0.14.0 does not cache prefixes, 0.16 resets")
+    reason = grpo_run.vllm_unsupported_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    # in these cells the patch must be on: a switched-off patch fails here, it does not skip
+    assert trl_compat.status(PID) == trl_compat.APPLIED, trl_compat.report()
+    return grpo_run
+
+
+def _train(grpo_run, tmp_path):
+    trainer = grpo_run.make_trainer(tmp_path, use_vllm=True, steps=3, train_dataset=_dataset(),
+                                    max_prompt_length=64)
+    llm = trainer.llm
+    assert llm.enable_prefix_caching  # TRL 0.15 turns it on
+    versions_before = llm.model.weights_version
+    trainer.train()
+    assert grpo_run.finite_losses(trainer.state.log_history)
+    syncs = llm.model.weights_version - versions_before
+    assert syncs == 2  # before steps 1 and 2
+    return llm, syncs
+
+
+def test_bug_reproduced_without_the_patch(tmp_path, unpatched):
+    grpo_run = _grpo_on_015_or_skip()
+    with unpatched(PID):
+        llm, _ = _train(grpo_run, tmp_path)
+    assert llm.prefix_cache_resets == 0
+    log = llm.prefix_cache_log
+    assert len(log) == 3 and log[0]["stale_tokens"] == 0
+    # steps 1 and 2: every request's shared block was computed by the step-0 weights
+    assert [entry["stale_tokens"] for entry in log[1:]] == [2 * 16 * 2, 2 * 16 * 2]
+
+
+def test_patched_resets_after_every_sync(tmp_path):
+    grpo_run = _grpo_on_015_or_skip()
+    llm, syncs = _train(grpo_run, tmp_path)
+    assert llm.prefix_cache_resets == syncs
+    log = llm.prefix_cache_log
+    assert len(log) == 3
+    assert [entry["stale_tokens"] for entry in log] == [0, 0, 0]
+    # the cache still does its job within a step: 4 requests share one block, 3 of them hit it
+    assert [entry["hit_tokens"] for entry in log] == [3 * 16, 3 * 16, 3 * 16]

@@ -1,0 +1,92 @@
+"""vllm-prefix-cache: TRL 0.15.x keeps vLLM's prefix cache across weight syncs.
+
+Remove this patch when trl_compat no longer supports TRL 0.15.x (nor 0.16.0.dev0 builds from
+before the vLLM server mode, PR #3094).
+
+The bug (TRL issue #3024): GRPOTrainer 0.15.0 - 0.15.2 builds its in-process ``vllm.LLM`` with
+``enable_prefix_caching=True`` and, after ``_move_model_to_vllm`` loads new weights, never
+resets that cache. vLLM keys cached KV blocks by prompt content only, so every prompt prefix
+seen before (a shared system prompt, a chat template's header, a prompt of an earlier epoch) is
+served KV computed by the weights of the step that first saw it, possibly step 0. Completions
+are then sampled from neither the old nor the current policy: silently off-policy, no error.
+TRL 0.16 dropped the in-process engine and resets the server's cache after every sync
+(``vllm_client.reset_prefix_cache()``); 0.18's colocate mode calls ``self.llm.reset_prefix_cache()``.
+
+Affected: TRL 0.15.0, 0.15.1, 0.15.2 with ``use_vllm=True`` (0.14.0 does not turn prefix
+caching on), and main-branch builds between. ``vllm.LLM.reset_prefix_cache`` exists from
+vLLM 0.7.0 on; TRL 0.15 requires 0.7.1 or newer.
+
+Probe: the source of ``trl.trainer.grpo_trainer`` builds an engine with
+``enable_prefix_caching`` and GRPOTrainer defines ``_move_model_to_vllm``, and the module never
+calls ``reset_prefix_cache``. The module's file is read, not the method, so another patch
+wrapping ``_move_model_to_vllm`` first (``vllm-merged-weights``) cannot hide the bug.
+
+Fix: after TRL's ``_move_model_to_vllm`` returns, the main process calls
+``self.llm.reset_prefix_cache()``: prompts that repeat within one step still share their cached
+blocks (the point of the cache in GRPO), nothing computed by older weights is reused. If vLLM
+reports that it could not reset (requests still holding blocks), a warning says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+
+from trl_compat._engine import Patch, needed, not_needed, undecided
+
+log = logging.getLogger("trl_compat")
+
+
+def probe(module):
+    if "_move_model_to_vllm" not in vars(module.GRPOTrainer):
+        return not_needed("GRPOTrainer has no _move_model_to_vllm (weights are sent inline, without prefix caching)")
+    try:
+        source = inspect.getsource(module)
+    except (OSError, TypeError) as exc:
+        return undecided(f"cannot read the source of {module.__name__} ({exc})")
+    if "reset_prefix_cache" in source:
+        return not_needed("GRPOTrainer resets vLLM's prefix cache itself")
+    if "enable_prefix_caching" not in source:
+        return not_needed("GRPOTrainer does not turn on vLLM's prefix caching")
+    return needed("vLLM is built with enable_prefix_caching and its cache is never reset after "
+                  "_move_model_to_vllm: prompt prefixes keep KV from older weights")
+
+
+def _reset_prefix_cache(trainer) -> None:
+    llm = getattr(trainer, "llm", None)  # only the main process holds the engine
+    if llm is None:
+        return
+    reset = getattr(llm, "reset_prefix_cache", None)
+    if reset is None:
+        log.warning("trl_compat: vllm-prefix-cache: this vLLM has no LLM.reset_prefix_cache (added in "
+                    "vLLM 0.7.0); prompt prefixes cached before this weight sync stay in use")
+        return
+    if reset() is False:
+        log.warning("trl_compat: vllm-prefix-cache: vLLM could not reset its prefix cache (blocks still "
+                    "in use); prompt prefixes cached before this weight sync may be reused")
+
+
+def apply(module, patcher):
+    move = module.GRPOTrainer._move_model_to_vllm
+
+    @functools.wraps(move)
+    def _move_model_to_vllm(self, *args, **kwargs):
+        result = move(self, *args, **kwargs)
+        _reset_prefix_cache(self)
+        return result
+
+    patcher.replace(module.GRPOTrainer, "_move_model_to_vllm", _move_model_to_vllm)
+
+
+PATCH = Patch(
+    id="vllm-prefix-cache",
+    summary="use_vllm: vLLM's prefix cache kept KV from older weights after each sync; reset it",
+    upstream="https://github.com/huggingface/trl/issues/3024 (fixed in 0.16.0)",
+    module="trl.trainer.grpo_trainer",
+    target="GRPOTrainer._move_model_to_vllm",
+    requires={"trl": ">=0.15.0.dev0,<0.16.0"},
+    probe=probe,
+    apply=apply,
+    remove_when="TRL 0.15.x is no longer supported",
+)
