@@ -11,16 +11,17 @@ after a weight sync.
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-import tiny  # noqa: E402
-
-import trl_compat  # noqa: E402
+import trl_compat
 
 PID = "vllm-prefix-cache"
+HAVE_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
+
+if HAVE_TORCH:
+    import tiny
 
 
 def _standin():
@@ -31,7 +32,8 @@ def _standin():
     return vllm if getattr(vllm, "__stand_in__", False) else None
 
 
-requires_standin = pytest.mark.skipif(_standin() is None, reason="the vLLM stand-in is not installed")
+requires_standin = pytest.mark.skipif(not HAVE_TORCH or _standin() is None,
+                                      reason="the vLLM stand-in is not installed")
 
 
 @requires_standin
@@ -61,19 +63,19 @@ def test_standin_prefix_cache_outlives_load_weights_until_reset(tmp_path):
     assert plain.prefix_cache_log == []
 
 
-SHARED_PREFIX = tiny.vocab_words()[100:120]  # like a system prompt: 20 tokens, one full block
-
-
 def _dataset(n=8):
     from datasets import Dataset
 
     words = tiny.vocab_words()
+    shared = words[100:120]  # like a system prompt: 20 tokens, one full block
     return Dataset.from_dict({"prompt": [
-        " ".join(SHARED_PREFIX + [words[(i * 37 + j * 11) % 90] for j in range(5)]) for i in range(n)
+        " ".join(shared + [words[(i * 37 + j * 11) % 90] for j in range(5)]) for i in range(n)
     ]})
 
 
 def _grpo_on_015_or_skip():
+    if not HAVE_TORCH:
+        pytest.skip("needs torch and transformers")
     pytest.importorskip("trl")
     import grpo_run
     import trl.trainer.grpo_trainer  # noqa: F401  (the patch's trigger)
@@ -121,3 +123,28 @@ def test_patched_resets_after_every_sync(tmp_path):
     assert [entry["stale_tokens"] for entry in log] == [0, 0, 0]
     # the cache still does its job within a step: 4 requests share one block, 3 of them hit it
     assert [entry["hit_tokens"] for entry in log] == [3 * 16, 3 * 16, 3 * 16]
+
+
+@pytest.mark.parametrize("body, verdict", [
+    # 0.15.0 - 0.15.2: caching on, a sync method, no reset
+    ("def __init__(self):\n        self.llm = LLM(enable_prefix_caching=True)\n"
+     "    def _move_model_to_vllm(self):\n        load_weights(sd)\n", True),
+    # early 0.15.0.dev0: caching on, weights loaded inline
+    ("def __init__(self):\n        self.llm = LLM(enable_prefix_caching=True)\n"
+     "    def compute_loss(self):\n        load_weights(sd)\n", None),
+    # 0.16 - 0.18: the cache is reset after each sync
+    ("def _move_model_to_vllm(self):\n        self.vllm_client.reset_prefix_cache()\n", False),
+    # 0.14.0: no prefix caching
+    ("def __init__(self):\n        self.llm = LLM(model=m)\n", False),
+])
+def test_probe_reads_the_module_source(tmp_path, monkeypatch, body, verdict):
+    import importlib
+    import uuid
+
+    from trl_compat.patches import vllm_prefix_cache
+
+    name = "tcprobe_" + uuid.uuid4().hex[:8]
+    (tmp_path / f"{name}.py").write_text(f"class GRPOTrainer:\n    {body}")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(name)
+    assert vllm_prefix_cache.probe(module).needed is verdict

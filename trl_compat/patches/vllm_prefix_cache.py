@@ -17,9 +17,11 @@ caching on), and main-branch builds between. ``vllm.LLM.reset_prefix_cache`` exi
 vLLM 0.7.0 on; TRL 0.15 requires 0.7.1 or newer.
 
 Probe: the source of ``trl.trainer.grpo_trainer`` builds an engine with
-``enable_prefix_caching`` and GRPOTrainer defines ``_move_model_to_vllm``, and the module never
-calls ``reset_prefix_cache``. The module's file is read, not the method, so another patch
-wrapping ``_move_model_to_vllm`` first (``vllm-merged-weights``) cannot hide the bug.
+``enable_prefix_caching``, never calls ``reset_prefix_cache``, and GRPOTrainer defines
+``_move_model_to_vllm``. Early 0.15.0.dev0 builds (e.g. ``1f344c937``) have the bug but load
+the weights inline in ``compute_loss``: "undecided", with a warning, nothing applied. The
+module's file is read, not the method, so another patch wrapping ``_move_model_to_vllm`` first
+(``vllm-merged-weights``) cannot hide the bug.
 
 Fix: after TRL's ``_move_model_to_vllm`` returns, the main process calls
 ``self.llm.reset_prefix_cache()``: prompts that repeat within one step still share their cached
@@ -39,8 +41,6 @@ log = logging.getLogger("trl_compat")
 
 
 def probe(module):
-    if "_move_model_to_vllm" not in vars(module.GRPOTrainer):
-        return not_needed("GRPOTrainer has no _move_model_to_vllm (weights are sent inline, without prefix caching)")
     try:
         source = inspect.getsource(module)
     except (OSError, TypeError) as exc:
@@ -49,6 +49,10 @@ def probe(module):
         return not_needed("GRPOTrainer resets vLLM's prefix cache itself")
     if "enable_prefix_caching" not in source:
         return not_needed("GRPOTrainer does not turn on vLLM's prefix caching")
+    if "_move_model_to_vllm" not in vars(module.GRPOTrainer):
+        # early 0.15.0.dev0 builds: caching on, weights loaded inline in compute_loss
+        return undecided("vLLM's prefix cache is on and never reset, but this build loads weights inline "
+                         "(no _move_model_to_vllm) where this patch cannot hook in")
     return needed("vLLM is built with enable_prefix_caching and its cache is never reset after "
                   "_move_model_to_vllm: prompt prefixes keep KV from older weights")
 
