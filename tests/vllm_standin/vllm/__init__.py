@@ -23,15 +23,22 @@ Reproduced faithfully (vLLM 0.7.2, tp=1, pp=1, no quantization):
   / ``.finish_reason``); completions stop after EOS / ``stop_token_ids`` and include that token.
   Sampling uses its own RNG (``LLM(seed=0)``) and never disturbs the caller's torch RNG.
 * ``SamplingParams`` with 0.7.2's fields/defaults/validation; unknown kwargs raise ``TypeError``.
+* The prefix cache's bookkeeping with ``enable_prefix_caching=True``: full blocks of prompt
+  tokens (``block_size``, default 16) keyed by their content and everything before them, kept
+  across ``load_weights`` and emptied only by ``LLM.reset_prefix_cache()``; the last prompt token is
+  never served from the cache. Cached KV is not fed into generation: ``llm.prefix_cache_log``
+  records per ``generate()`` how many prompt tokens vLLM would have served from the cache
+  (``hit_tokens``) and how many of those were computed under older weights (``stale_tokens``).
 * ``vllm.worker.worker.Worker._assert_memory_footprint_increased_during_profiling`` exists (TRL
   0.14/0.15 patch it) and is called while the ``LLM`` is built.
 
 Test instrumentation (not in vLLM): ``model.received_names`` (a list of name lists, one per
 ``load_weights`` call after construction, recorded even when the call raises), ``model.loaded_names``,
 ``model.weights_version``, ``model.hf_state_dict()`` (current weights unpacked to HF names/shapes),
-``llm.generate_calls``, ``llm.engine_kwargs`` / ``llm.init_kwargs``.
+``llm.generate_calls``, ``llm.prefix_cache_resets``, ``llm.prefix_cache_log``,
+``llm.engine_kwargs`` / ``llm.init_kwargs``.
 
-Not reproduced: the engine itself (scheduler, paged KV cache, prefix caching, CUDA graphs), GPU
+Not reproduced: the engine itself (scheduler, paged KV cache, KV reuse from the prefix cache, CUDA graphs), GPU
 memory accounting, tensor/pipeline parallelism, quantization, LoRA requests, logprobs, stop strings,
 guided decoding, beam search, the vLLM server / NCCL weight sync used by TRL >= 0.16
 (``vllm.distributed...`` and other modules newer TRL imports exist as import-only placeholders that
