@@ -186,11 +186,17 @@ def test_reverting_the_lower_of_two_stacked_patches(fake_pkg):
     assert trl_compat.status(lower.id) == trl_compat.REVERTED
     assert trl_compat.status(upper.id) == trl_compat.APPLIED
 
-    trl_compat.install(lower.id)  # back on, now above
-    assert mod.Trainer().step(3) == ("lower", "upper", "base", 3)
+    # back on, below the upper one again: stacking follows registration order, whatever
+    # order revert() and install() are called in (the upper one may rely on the lower one)
+    trl_compat.install(lower.id)
+    assert mod.Trainer().step(3) == ("upper", "lower", "base", 3)
+    assert trl_compat.status(upper.id) == trl_compat.APPLIED
+    trl_compat.revert(lower.id)
+    trl_compat.install()  # everything: the applied upper one is not skipped over
+    assert mod.Trainer().step(4) == ("upper", "lower", "base", 4)
     trl_compat.revert(lower.id, upper.id)
     assert "step" not in vars(mod.Trainer)
-    assert mod.Trainer().step(4) == ("base", 4)
+    assert mod.Trainer().step(5) == ("base", 5)
 
 
 def test_reverting_the_upper_of_two_stacked_patches(fake_pkg):

@@ -56,15 +56,24 @@ def applied_patch(request, monkeypatch):
     if trl_compat.status(pid) != trl_compat.APPLIED:
         pytest.skip(f"{pid} is {trl_compat.status(pid)} in this cell")
     original = engine._registry[pid]
+    stack = stacked_with(pid)
     yield original
     engine._registry[pid] = original
-    trl_compat.revert(pid)
-    trl_compat.install(pid)
-    assert trl_compat.status(pid) == trl_compat.APPLIED
+    trl_compat.revert(*stack)
+    trl_compat.install(*stack)
+    assert {trl_compat.status(p) for p in stack} == {trl_compat.APPLIED}, trl_compat.report()
+
+
+def stacked_with(pid):
+    """``pid`` and the applied patches that wrap an attribute it wraps (vllm-merged-weights and
+    vllm-prefix-cache on TRL 0.15.0): a test that breaks the attribute under one of them takes
+    them all off, so that only ``pid`` is put to the test."""
+    mine = engine._states[pid].touched
+    return [pid] + [p for p in trl_compat.applied() if p != pid and engine._states[p].touched & mine]
 
 
 def unpatched_snapshot(pid):
-    trl_compat.revert(pid)
+    trl_compat.revert(*stacked_with(pid))
     return snapshot()
 
 
@@ -157,7 +166,7 @@ GRPO_PATCHES = [p.id for p in engine.registry()
 def test_an_unsloth_style_replacement_is_a_conflict(applied_patch, caplog):
     pid = applied_patch.id
     module = sys.modules["trl.trainer.grpo_trainer"]
-    trl_compat.revert(pid)
+    trl_compat.revert(*stacked_with(pid))
     original = module.GRPOTrainer
     rebuilt = type("UnslothGRPOTrainer", (original,), {"__module__": "unsloth_compiled_cache.UnslothGRPOTrainer"})
     module.GRPOTrainer = rebuilt

@@ -21,18 +21,11 @@ PID = "vllm-prefix-cache"
 HAVE_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
 
 if HAVE_TORCH:
+    import grpo_run
     import tiny
 
 
-def _standin():
-    try:
-        import vllm
-    except Exception:  # noqa: BLE001
-        return None
-    return vllm if getattr(vllm, "__stand_in__", False) else None
-
-
-requires_standin = pytest.mark.skipif(not HAVE_TORCH or _standin() is None,
+requires_standin = pytest.mark.skipif(not HAVE_TORCH or not grpo_run.standin_vllm_installed(),
                                       reason="the vLLM stand-in is not installed")
 
 
@@ -77,7 +70,6 @@ def _grpo_on_015_or_skip():
     if not HAVE_TORCH:
         pytest.skip("needs torch and transformers")
     pytest.importorskip("trl")
-    import grpo_run
     import trl.trainer.grpo_trainer  # noqa: F401  (the patch's trigger)
 
     if grpo_run.trl_version()[:2] != (0, 15):
@@ -148,3 +140,26 @@ def test_probe_reads_the_module_source(tmp_path, monkeypatch, body, verdict):
     monkeypatch.syspath_prepend(str(tmp_path))
     module = importlib.import_module(name)
     assert vllm_prefix_cache.probe(module).needed is verdict
+
+
+def test_stays_above_vllm_merged_weights_through_revert_and_install():
+    """On 0.15.0 both patches wrap _move_model_to_vllm; trl_compat's sync does not call the method
+    below it, so the reset must stay on top, whatever is reverted and installed again."""
+    _grpo_on_015_or_skip()
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    from trl_compat import _engine
+
+    merged = "vllm-merged-weights"
+    if trl_compat.status(merged) != trl_compat.APPLIED:
+        pytest.skip("vllm-merged-weights is not needed with this TRL")
+
+    def on_top():
+        return getattr(vars(GRPOTrainer)["_move_model_to_vllm"], _engine.MARKER)
+
+    assert on_top() == PID
+    trl_compat.revert(merged)
+    assert on_top() == PID and trl_compat.status(PID) == trl_compat.APPLIED
+    trl_compat.install(merged)
+    assert on_top() == PID
+    assert {trl_compat.status(PID), trl_compat.status(merged)} == {trl_compat.APPLIED}

@@ -21,7 +21,6 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
-import itertools
 import logging
 import os
 import threading
@@ -129,8 +128,8 @@ class Patcher:
         self._changes.append((owner, name, old, new))
         return previous
 
-    def touched(self) -> set:
-        return {(id(owner), name) for owner, name, _, _ in self._changes}
+    def touched(self) -> frozenset:
+        return frozenset((id(owner), name) for owner, name, _, _ in self._changes)
 
     def undo(self) -> None:
         while self._changes:
@@ -158,13 +157,12 @@ class _State:
     generation: int = 0  # bumped by revert(): hooks from older generations do nothing
     patcher: Optional[Patcher] = None
     module: Optional[ModuleType] = None
-    applied_order: int = 0  # when it was applied, among all patches: revert() undoes newest first
+    touched: frozenset = frozenset()  # (id(owner), name) it changed when last applied; kept after revert
 
 
 _lock = threading.RLock()
 _registry: Dict[str, Patch] = {}
 _states: Dict[str, _State] = {}
-_application_counter = itertools.count(1)
 
 
 def register(patch: Patch) -> None:
@@ -262,11 +260,19 @@ def _set(patch: Patch, status: str, reason: str) -> None:
 
 def install(*ids: str) -> None:
     """Gate the given patches (default: all) and hook them to their trigger
-    modules. Idempotent: an applied or waiting patch is left alone."""
+    modules. Idempotent: an applied or waiting patch is left alone.
+
+    Patches that change the same attribute always stack in registration order:
+    an applied patch that belongs above one applied again here comes off first
+    and goes back on after it."""
     disabled = _disabled_ids()
     to_hook = []
     with _lock:
-        for patch in _select(ids):
+        selected = _select(ids)
+        above = _stacked_above([p for p in selected if _states[p.id].patcher is None])
+        for patch in sorted(above, key=_position, reverse=True):
+            _take_off(patch, "taken off to re-apply a patch below it")
+        for patch in sorted(_unique(selected + above), key=_position):
             state = _states[patch.id]
             if state.patcher is not None or (state.status == PENDING and state.generation > 0):
                 continue
@@ -371,7 +377,7 @@ def _resolve(patch: Patch, module: ModuleType) -> None:
         _set(patch, FAILED, f"apply raised {type(exc).__name__}: {exc}; changes rolled back")
         return
     _states[patch.id].patcher = patcher
-    _states[patch.id].applied_order = next(_application_counter)
+    _states[patch.id].touched = patcher.touched()
     _set(patch, APPLIED, verdict.reason)
 
 
@@ -379,45 +385,56 @@ def revert(*ids: str) -> None:
     """Undo the given patches (default: all), newest first, and neutralise
     their hooks that have not fired yet. ``install()`` re-applies.
 
-    A patch applied later on top of one of them (wrapping the same attribute)
-    comes off first and is applied again afterwards, on what is left: undoing
-    only the lower one would leave it half in place under the upper one."""
+    A patch stacked above one of them (it wraps the same attribute) comes off
+    first and is applied again afterwards, on what is left: undoing only the
+    lower one would leave it half in place under the upper one."""
     with _lock:
         chosen = _select(ids)
-        restack = _applied_on_top_of(chosen)
-        for patch in sorted(chosen + restack, key=lambda p: _states[p.id].applied_order, reverse=True):
-            state = _states[patch.id]
-            state.generation += 1
-            if state.patcher is not None:
-                state.patcher.undo()
-                state.patcher = None
-                state.status, state.reason = REVERTED, "reverted by trl_compat.revert()"
-            elif state.status == PENDING:
-                state.status, state.reason = REVERTED, "reverted before its trigger module was imported"
-    if restack:
-        install(*(p.id for p in restack))
+        above = _stacked_above(chosen)
+        for patch in sorted(_unique(chosen + above), key=_position, reverse=True):
+            _take_off(patch, "reverted by trl_compat.revert()")
+    if above:
+        install(*(p.id for p in above))
 
 
-def _applied_on_top_of(chosen: List[Patch]) -> List[Patch]:
-    """Applied patches, not in ``chosen``, that changed an attribute a chosen one
-    changed, after it (and, in turn, those on top of them)."""
-    chosen_ids = {p.id for p in chosen}
-    below = [(_states[p.id].applied_order, _states[p.id].patcher.touched())
-             for p in chosen if _states[p.id].patcher is not None]
-    on_top: List[Patch] = []
+def _position(patch: Patch) -> int:
+    return list(_registry).index(patch.id)
+
+
+def _unique(patches: List[Patch]) -> List[Patch]:
+    return list({p.id: p for p in patches}.values())
+
+
+def _take_off(patch: Patch, reason: str) -> None:
+    state = _states[patch.id]
+    state.generation += 1
+    if state.patcher is not None:
+        state.patcher.undo()
+        state.patcher = None
+        state.status, state.reason = REVERTED, reason
+    elif state.status == PENDING:
+        state.status, state.reason = REVERTED, "reverted before its trigger module was imported"
+
+
+def _stacked_above(moving: List[Patch]) -> List[Patch]:
+    """Applied patches, other than ``moving``, registered after one of them and
+    changing an attribute it changes (or changed when last applied), and in
+    turn those above them."""
+    moving_ids = {p.id for p in moving}
+    below = [(_position(p), _states[p.id].touched) for p in moving if _states[p.id].touched]
+    above: List[Patch] = []
     grew = True
     while grew:
         grew = False
         for patch in registry():
             state = _states[patch.id]
-            if patch.id in chosen_ids or patch in on_top or state.patcher is None:
+            if patch.id in moving_ids or patch in above or state.patcher is None:
                 continue
-            mine = state.patcher.touched()
-            if any(order < state.applied_order and mine & touched for order, touched in below):
-                on_top.append(patch)
-                below.append((state.applied_order, mine))
+            if any(pos < _position(patch) and state.touched & touched for pos, touched in below):
+                above.append(patch)
+                below.append((_position(patch), state.touched))
                 grew = True
-    return on_top
+    return above
 
 
 def _log_summary_when_settled() -> None:
