@@ -1,5 +1,6 @@
 """The engine on synthetic modules: runs in every cell, trl or not."""
 
+import functools
 import importlib
 import json
 import logging
@@ -440,3 +441,118 @@ def test_a_user_subclass_overriding_the_target_is_reported(fake_pkg):
 
     reason = {r.id: r.reason for r in trl_compat.report()}[patch.id]
     assert "MyTrainer" in reason and "super()" in reason
+
+
+# -- windows, wrap, markers, undo callbacks ------------------------------------------------
+
+
+@pytest.mark.parametrize("since, fixed_in, inside, outside", [
+    ("0.14.0", "0.15.0", ["0.14.0.dev0", "0.14.0", "0.14.1", "0.15.0.dev0", "0.15.0.dev0+g1f344c9"],
+     ["0.13.9", "0.15.0a1", "0.15.0rc1", "0.15.0", "0.16.0.dev0"]),
+    ("0.15.0", "0.16.0", ["0.15.0.dev0", "0.15.2", "0.16.0.dev0", "0.16.0.dev3"], ["0.14.0", "0.16.0", "0.16.0rc0"]),
+    ("0.18.0", None, ["0.18.0.dev0", "0.19.1", "1.16.0"], ["0.17.0", "0.17.1.dev0"]),
+])
+def test_affected_holds_the_dev_builds_at_both_ends(since, fixed_in, inside, outside):
+    from packaging.specifiers import SpecifierSet
+
+    window = SpecifierSet(engine.affected(since, fixed_in), prereleases=True)
+    assert [v for v in inside if v not in window] == []
+    assert [v for v in outside if v in window] == []
+
+
+class Descriptors:
+    @staticmethod
+    def static(x):
+        return ("static", x)
+
+    @classmethod
+    def klass(cls, x):
+        return (cls.__name__, x)
+
+
+class DescriptorsChild(Descriptors):
+    pass
+
+
+def _prefixing(original):
+    def wrapper(*args, **kwargs):
+        return ("wrapped",) + original(*args, **kwargs)
+    return wrapper
+
+
+def test_wrap_keeps_staticmethod_and_classmethod_binding():
+    patcher = engine.Patcher("test-wrap")
+    patcher.wrap(DescriptorsChild, "static", _prefixing)
+    patcher.wrap(DescriptorsChild, "klass", _prefixing)
+    try:
+        assert DescriptorsChild.static(1) == ("wrapped", "static", 1)
+        assert DescriptorsChild().static(2) == ("wrapped", "static", 2)
+        assert DescriptorsChild.klass(3) == ("wrapped", "DescriptorsChild", 3)
+        assert Descriptors.static(4) == ("static", 4)  # the base class is untouched
+        assert patcher.changed() == [f"{__name__}.DescriptorsChild.static", f"{__name__}.DescriptorsChild.klass"]
+    finally:
+        patcher.undo()
+    assert "static" not in vars(DescriptorsChild) and "klass" not in vars(DescriptorsChild)
+
+
+def test_a_second_copy_of_the_same_patch_is_refused_even_under_another_patch():
+    """Two copies of trl_compat (vendored + installed) must not wrap twice: the marker
+    travels with the wrappers stacked on top (functools.wraps copies it)."""
+    first, upper, second = engine.Patcher("test-lower"), engine.Patcher("test-upper"), engine.Patcher("test-lower")
+    first.wrap(DescriptorsChild, "static", _prefixing)
+
+    def wraps_factory(original):
+        return functools.wraps(original)(lambda *a, **k: original(*a, **k))
+
+    upper.wrap(DescriptorsChild, "static", wraps_factory)
+    try:
+        assert engine.markers(vars(DescriptorsChild)["static"]) == {"test-lower", "test-upper"}
+        with pytest.raises(engine.AlreadyPatched):
+            second.wrap(DescriptorsChild, "static", _prefixing)
+        assert DescriptorsChild.static(1) == ("wrapped", "static", 1)  # wrapped once
+    finally:
+        upper.undo()
+        first.undo()
+
+
+def test_already_patched_by_another_copy_is_reported_and_nothing_changes(fake_pkg):
+    mod = importlib.import_module(fake_pkg)
+    patch = make_patch(fake_pkg, apply=lambda m, p: p.wrap(m.Trainer, "step", _prefixing))
+    other_copy = engine.Patcher(patch.id)
+    other_copy.wrap(mod.Trainer, "step", _prefixing)
+    try:
+        trl_compat.install(patch.id)
+        record = {r.id: r for r in trl_compat.report()}[patch.id]
+        assert record.status == trl_compat.APPLIED and "another copy" in record.reason
+        assert mod.Trainer().step(1) == ("wrapped", "base", 1)
+    finally:
+        other_copy.undo()
+
+
+def test_on_undo_runs_on_revert_and_on_rollback(fake_pkg):
+    importlib.import_module(fake_pkg)
+    undone = []
+
+    def apply(module, patcher):
+        patcher.on_undo(lambda: undone.append("state"))
+        patcher.wrap(module.Trainer, "step", _prefixing)
+
+    patch = make_patch(fake_pkg, apply=apply)
+    trl_compat.install(patch.id)
+    trl_compat.revert(patch.id)
+    assert undone == ["state"]
+
+    def broken(module, patcher):
+        apply(module, patcher)
+        raise RuntimeError("half-way")
+
+    failing = make_patch(fake_pkg, apply=broken)
+    trl_compat.install(failing.id)
+    assert trl_compat.status(failing.id) == trl_compat.FAILED and undone == ["state", "state"]
+
+
+def test_report_target_is_what_was_changed(fake_pkg):
+    importlib.import_module(fake_pkg)
+    patch = make_patch(fake_pkg, target="Trainer", apply=lambda m, p: p.wrap(m.Trainer, "step", _prefixing))
+    trl_compat.install(patch.id)
+    assert {r.id: r.target for r in trl_compat.report()}[patch.id] == f"{fake_pkg}.Trainer.step"

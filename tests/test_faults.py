@@ -204,7 +204,7 @@ def test_importing_trl_compat_and_trl_in_two_threads_patches_once():
         threads = [threading.Thread(target=a), threading.Thread(target=b)]
         [t.start() for t in threads]; [t.join() for t in threads]
         import trl_compat, trl.trainer.grpo_trainer, trl.models.utils
-        from trl_compat._engine import MARKER
+        from trl_compat._engine import markers
         doubles = []
         for name, mod in list(sys.modules.items()):
             if not (name == "trl" or name.startswith("trl.")):
@@ -212,12 +212,14 @@ def test_importing_trl_compat_and_trl_in_two_threads_patches_once():
             spaces = [mod] + [v for v in vars(mod).values() if isinstance(v, type) and v.__module__ == name]
             for space in spaces:
                 for key, value in list(vars(space).items()):
-                    marker = getattr(value, MARKER, None) if callable(value) else None
-                    inner = getattr(value, "__wrapped__", None)
-                    while marker and inner is not None:
-                        if getattr(inner, MARKER, None) == marker:
-                            doubles.append(f"{name}.{key}")
-                        inner = getattr(inner, "__wrapped__", None)
+                    # each wrapper adds its own id to the ids it carries from the one below
+                    seen, level = [], value if callable(value) else None
+                    while level is not None:
+                        inner = getattr(level, "__wrapped__", None)
+                        seen += sorted(markers(level) - markers(inner))
+                        level = inner
+                    if len(seen) != len(set(seen)):
+                        doubles.append(f"{name}.{key}")
         print(json.dumps({"doubles": doubles, "report": [[r.id, r.status] for r in trl_compat.report()]}))
     """)
     sequential = subprocess.run(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import inspect
 import logging
 import os
 import threading
@@ -31,6 +32,8 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 import wrapt
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
+
+from trl_compat._source import SourceUnavailable
 
 log = logging.getLogger("trl_compat")
 
@@ -107,33 +110,77 @@ class PatchStatus:
 _MISSING = object()
 
 
+class AlreadyPatched(RuntimeError):
+    """The attribute already carries this patch: another copy of trl_compat applied it."""
+
+
+def markers(value: Any) -> frozenset:
+    """The ids of the patches whose wrappers ``value`` is (or sits on top of)."""
+    found = getattr(getattr(value, "__func__", value), MARKER, ())
+    return frozenset(found) if isinstance(found, (set, frozenset, tuple, list)) else frozenset({found})
+
+
+def raw_attribute(owner: Any, name: str) -> Any:
+    """``name`` as stored in the first ``__dict__`` along ``owner``'s MRO (a module's own
+    ``__dict__``): descriptors such as staticmethod and classmethod come back as they are."""
+    for holder in (inspect.getmro(owner) if isinstance(owner, type) else (owner,)):
+        if name in vars(holder):
+            return vars(holder)[name]
+    raise AttributeError(f"{getattr(owner, '__name__', owner)!r} has no attribute {name!r}")
+
+
 class Patcher:
-    """Records every attribute a patch changes, so it can be undone exactly."""
+    """Records every change a patch makes, so it can be undone exactly."""
 
     def __init__(self, patch_id: str):
         self.patch_id = patch_id
         self._changes: List[tuple] = []
 
-    def replace(self, owner: Any, name: str, new: Any) -> Any:
-        """Set ``owner.name = new`` and return the value it replaces (possibly
-        inherited). Undo deletes what was inherited instead of re-setting it."""
-        old = vars(owner).get(name, _MISSING)
-        previous = getattr(owner, name, None)
-        if callable(new):
+    def wrap(self, owner: Any, name: str, factory: Callable[[Any], Any]) -> Any:
+        """Set ``owner.name = factory(original)``, where ``original`` is the function found
+        along the MRO; a staticmethod or classmethod is unwrapped for the factory and its
+        result re-wrapped the same way. Returns what was set."""
+        raw = raw_attribute(owner, name)
+        kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
+        new = factory(raw.__func__ if kind else raw)
+        return self.replace(owner, name, kind(new) if kind else new, above=raw)
+
+    def replace(self, owner: Any, name: str, new: Any, above: Any = _MISSING) -> Any:
+        """Set ``owner.name = new`` and return it. ``new`` is marked with this patch's id
+        (plus the ids of the wrappers it sits ``above``); an attribute already marked with
+        it raises :class:`AlreadyPatched`. Undo deletes what was inherited instead of
+        re-setting it."""
+        current = vars(owner).get(name, _MISSING)
+        if self.patch_id in markers(current) and not any(c[0] is owner and c[1] == name for c in self._changes):
+            raise AlreadyPatched(f"{_qualified(owner, name)} already carries {self.patch_id}")
+        # functools.wraps copied the wrapped function's marker onto ``new``: keep that chain
+        carried = markers(above if above is not _MISSING else new)
+        if callable(new) or isinstance(new, (staticmethod, classmethod)):
             try:
-                setattr(new, MARKER, self.patch_id)
+                setattr(getattr(new, "__func__", new), MARKER, carried | {self.patch_id})
             except (AttributeError, TypeError):  # builtins, slots
                 pass
         setattr(owner, name, new)
-        self._changes.append((owner, name, old, new))
-        return previous
+        self._changes.append((owner, name, current, new))
+        return new
+
+    def on_undo(self, undo: Callable[[], None]) -> None:
+        """Run ``undo`` when the patch is reverted or rolled back (state that is no attribute)."""
+        self._changes.append((None, None, undo, None))
 
     def touched(self) -> frozenset:
-        return frozenset((id(owner), name) for owner, name, _, _ in self._changes)
+        return frozenset((id(owner), name) for owner, name, _, _ in self._changes if owner is not None)
+
+    def changed(self) -> List[str]:
+        """The attributes this patch set, as dotted names (the report's target)."""
+        return list(dict.fromkeys(_qualified(o, n) for o, n, _, _ in self._changes if o is not None))
 
     def undo(self) -> None:
         while self._changes:
             owner, name, old, new = self._changes.pop()
+            if owner is None:
+                old()
+                continue
             current = vars(owner).get(name, _MISSING)
             if current is not new:
                 # Someone replaced our value after us; putting the old one
@@ -149,6 +196,12 @@ class Patcher:
                 setattr(owner, name, old)
 
 
+def _qualified(owner: Any, name: str) -> str:
+    if isinstance(owner, ModuleType):
+        return f"{owner.__name__}.{name}"
+    return f"{getattr(owner, '__module__', '?')}.{getattr(owner, '__qualname__', type(owner).__name__)}.{name}"
+
+
 @dataclass
 class _State:
     status: str = PENDING
@@ -158,6 +211,7 @@ class _State:
     patcher: Optional[Patcher] = None
     module: Optional[ModuleType] = None
     touched: frozenset = frozenset()  # (id(owner), name) it changed when last applied; kept after revert
+    changed: List[str] = field(default_factory=list)  # the same, as dotted names, for the report
 
 
 _lock = threading.RLock()
@@ -210,6 +264,22 @@ def _importable_without_metadata(dist: str) -> bool:
         return importlib.util.find_spec(dist.replace("-", "_")) is not None
     except (ImportError, ValueError):
         return False
+
+
+def affected(since: str, fixed_in: Optional[str] = None) -> str:
+    """The version window of a bug present from release ``since`` up to the release
+    ``fixed_in`` (exclusive; None: not fixed in any release trl_compat knows).
+
+    Both ends hold the main-branch builds around them: ``X.dev0`` installs come
+    before release X under PEP 440, so ``>=since.dev0``; and the fix lands somewhere
+    among the ``fixed_in`` dev builds, which ``<fixed_in`` would leave out, so the
+    window ends before ``fixed_in``'s first alpha. Which dev builds hold the bug is
+    the probe's to tell, from the code."""
+    lower = Version(since)
+    spec = f">={lower.base_version}.dev0" if lower.pre is None and lower.dev is None else f">={since}"
+    if fixed_in is not None:
+        spec += f",<{Version(fixed_in).base_version}a0"
+    return spec
 
 
 def gate(patch: Patch):
@@ -354,12 +424,11 @@ def _resolve(patch: Patch, module: ModuleType) -> None:
         # them again would patch twice, or patch code we never probed.
         _set(patch, CONFLICT, f"{patch.module}.{patch.target.split('.')[0]} was replaced by {foreign}; left alone")
         return
-    if getattr(target, MARKER, None) == patch.id:
-        # Patched by another copy of trl_compat (e.g. reloaded): never wrap twice.
-        _set(patch, APPLIED, "already patched (found trl_compat's marker on the target)")
-        return
     try:
         verdict = patch.probe(module)
+    except SourceUnavailable as exc:
+        _set(patch, UNDECIDED, str(exc))
+        return
     except Exception as exc:  # noqa: BLE001 - a probe must never break the host
         _set(patch, FAILED, f"probe raised {type(exc).__name__}: {exc}")
         return
@@ -372,12 +441,17 @@ def _resolve(patch: Patch, module: ModuleType) -> None:
     patcher = Patcher(patch.id)
     try:
         patch.apply(module, patcher)
+    except AlreadyPatched as exc:
+        # Another copy of trl_compat (vendored and installed, or reloaded): never wrap twice.
+        patcher.undo()
+        _set(patch, APPLIED, f"already patched by another copy of trl_compat ({exc})")
+        return
     except Exception as exc:  # noqa: BLE001
         patcher.undo()
         _set(patch, FAILED, f"apply raised {type(exc).__name__}: {exc}; changes rolled back")
         return
-    _states[patch.id].patcher = patcher
-    _states[patch.id].touched = patcher.touched()
+    state = _states[patch.id]
+    state.patcher, state.touched, state.changed = patcher, patcher.touched(), patcher.changed()
     _set(patch, APPLIED, verdict.reason)
 
 
@@ -469,7 +543,8 @@ def report() -> List[PatchStatus]:
         return [
             PatchStatus(
                 id=p.id, status=_states[p.id].status, reason=_reason_now(p, _states[p.id]),
-                versions=dict(_states[p.id].versions), target=f"{p.module}.{p.target}",
+                versions=dict(_states[p.id].versions),
+                target=", ".join(_states[p.id].changed) or f"{p.module}.{p.target}",
                 summary=p.summary, upstream=p.upstream,
             )
             for p in _registry.values()

@@ -1,0 +1,94 @@
+"""Reading TRL's code for probes: one way, used by every probe.
+
+``code(obj)`` unwraps ``obj`` (decorators, other patches' ``functools.wraps`` wrappers,
+``staticmethod``/``classmethod``), reads its source and returns it as :class:`Code`: the
+tokens without comments, docstrings or layout, joined by single spaces. So a probe is
+not flipped by a comment that mentions a name, nor by a line break or a quote style:
+
+    if "reset_prefix_cache" in code(module.GRPOTrainer):
+        ...
+    if "prompt_ids[:, -self.max_prompt_length :]" in code(method):   # spacing free
+
+A needle is normalised the same way before the search. When the source cannot be read
+(a C function, a ``.pyc``-only install, a class built at run time), :class:`SourceUnavailable`
+is raised with the reason; the engine reports the patch "undecided" with that reason.
+"""
+
+from __future__ import annotations
+
+import inspect
+import io
+import textwrap
+import tokenize
+from typing import Any, Optional
+
+_LAYOUT = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+           tokenize.ENCODING, tokenize.ENDMARKER}
+# A string token right after one of these starts a statement: a docstring or a bare string.
+_STATEMENT_START = {None, tokenize.NEWLINE, tokenize.NL, tokenize.INDENT, tokenize.DEDENT}
+
+
+class SourceUnavailable(LookupError):
+    """The source of the probed object cannot be read; the message says why."""
+
+
+class Code(str):
+    """Normalised source text; ``needle in code`` normalises the needle first."""
+
+    def __contains__(self, needle: object) -> bool:  # type: ignore[override]
+        return isinstance(needle, str) and str.__contains__(self, normalise(needle))
+
+
+def normalise(source: str) -> str:
+    """Tokens of ``source`` without comments, docstrings or layout, joined by one space.
+    Single quotes become double quotes, so a probe does not depend on the quoting style.
+    A fragment that does not close its brackets (a needle like ``"f(x,"``) keeps the
+    tokens read before the end."""
+    out = []
+    depth, previous = 0, None
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(textwrap.dedent(source)).readline):
+            if tok.type == tokenize.COMMENT:
+                continue
+            if tok.type == tokenize.STRING and depth == 0 and previous in _STATEMENT_START:
+                continue  # a docstring or bare string statement: prose, not code
+            if tok.type == tokenize.OP:
+                depth += tok.string in "([{"
+                depth -= tok.string in ")]}"
+            if tok.type not in _LAYOUT:
+                out.append(tok.string.replace("'", '"') if tok.type == tokenize.STRING else tok.string)
+            previous = tok.type
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass
+    return " ".join(out)
+
+
+def unwrap(obj: Any) -> Any:
+    """The function behind ``obj``: through static/classmethods, bound methods and
+    ``__wrapped__`` chains (decorators, other patches' wrappers)."""
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    obj = getattr(obj, "__func__", obj)  # bound method
+    try:
+        return inspect.unwrap(obj)
+    except ValueError:  # a __wrapped__ cycle
+        return obj
+
+
+def code(obj: Any) -> Code:
+    """The normalised source of a module, class, function or method (see module doc)."""
+    target = unwrap(obj)
+    try:
+        source = inspect.getsource(target)
+    except (OSError, TypeError) as exc:
+        name = getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
+        raise SourceUnavailable(f"cannot read the source of {name} ({exc})") from None
+    return Code(normalise(source))
+
+
+def defining_class(cls: type, name: str) -> Optional[type]:
+    """The first class along ``cls``'s MRO whose own ``__dict__`` holds ``name`` (None if none)."""
+    for klass in inspect.getmro(cls):
+        if name in vars(klass):
+            return klass
+    return None
