@@ -59,9 +59,20 @@ def same_path(a: str, b: str) -> bool:
     return os.path.normcase(os.path.realpath(a or os.curdir)) == os.path.normcase(os.path.realpath(b or os.curdir))
 
 
+def is_bootstrap_dir(path: str) -> bool:
+    """This trl_compat's bootstrap directory, or another copy's (a source tree next to an install)."""
+    if not path:
+        return False
+    if same_path(path, BOOTSTRAP_DIR):
+        return True
+    tail = os.path.join("trl_compat", "activation", "bootstrap")
+    return (os.path.normpath(path).endswith(os.sep + tail)
+            and os.path.isfile(os.path.join(path, "sitecustomize.py")))
+
+
 def launcher_on_pythonpath(environ: Optional[Mapping[str, str]] = None) -> bool:
     environ = os.environ if environ is None else environ
-    return any(entry and same_path(entry, BOOTSTRAP_DIR) for entry in environ.get("PYTHONPATH", "").split(os.pathsep))
+    return any(is_bootstrap_dir(entry) for entry in environ.get("PYTHONPATH", "").split(os.pathsep))
 
 
 def site_dirs() -> List[str]:

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from trl_compat.activation import BOOTSTRAP_DIR, same_path
+from trl_compat.activation import BOOTSTRAP_DIR, is_bootstrap_dir
 
 
 def child_environment(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
@@ -24,9 +24,9 @@ def child_environment(environ: Optional[Mapping[str, str]] = None) -> Dict[str, 
     env = dict(os.environ if environ is None else environ)
     old = env.get("PYTHONPATH")
     entries: List[str] = old.split(os.pathsep) if old else []
-    # Already there (a nested `trl-compat run`)? Moved to the front, so no other
-    # sitecustomize on PYTHONPATH shadows it; everything else stays as it was.
-    kept = [e for e in entries if not (e and same_path(e, BOOTSTRAP_DIR))]
+    # Already there (a nested `trl-compat run`, maybe of another copy)? Ours goes to the
+    # front, so no other sitecustomize on PYTHONPATH shadows it; the rest stays as it was.
+    kept = [e for e in entries if not is_bootstrap_dir(e)]
     env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR] + kept)
     return env
 
