@@ -138,7 +138,7 @@ def main():
 
 `python benchmarks/startup.py --rounds {args.rounds}`, one run, {datetime.date.today().isoformat()}.
 
-Setup: two fresh venvs made from Python {platform.python_version()} (`{sys.executable}` when run), one with the
+Setup: two fresh venvs made from the running Python {platform.python_version()}, one with the
 wheel built from this tree installed (`trl_compat.pth`, `trl_compat.start`, `_trl_compat_auto.py` at the
 root of its site-packages); both with the same `deps.pth` naming the running interpreter's site-packages.
 `python -c pass`, {args.rounds} rounds with the 4 variants in rotating order
