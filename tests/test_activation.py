@@ -205,14 +205,16 @@ def test_switch_on_with_a_broken_trl_compat_never_breaks_the_interpreter(tmp_pat
 
 
 @needs_pth
-def test_switch_with_python_S_and_I():
-    """-S: no site, no .pth: unsupported (documented). -I still reads site-packages' .pth
-    files (it drops PYTHONPATH and the user site), so the switch works there."""
+def test_switch_with_python_S_I_and_E():
+    """-S: no site, no .pth: unsupported (documented). -I and -E still read site-packages' .pth
+    files (they drop PYTHONPATH and other PYTHON* variables, not TRL_COMPAT_AUTO), so the switch
+    works there."""
     env = base_env(TRL_COMPAT_AUTO="1")
     no_site, _ = probe([sys.executable, "-S", PROBE], env)
     assert no_site["main"]["trl_compat"] is False, no_site
-    isolated, _ = probe([sys.executable, "-I", PROBE], env)
-    assert_active(isolated["main"], activation.SWITCHED)
+    for flag in ("-I", "-E"):
+        facts, _ = probe([sys.executable, flag, PROBE], env)
+        assert_active(facts["main"], activation.SWITCHED)
 
 
 # -- the report -----------------------------------------------------------------------------------
