@@ -1,4 +1,7 @@
-"""``python -m trl_compat [--json]``: what trl_compat did here, for bug reports."""
+"""``python -m trl_compat [--json]``: what trl_compat did here, for bug reports.
+
+``trl-compat run -- CMD [ARGS...]``: run CMD with trl_compat active in it and in every Python
+process it starts (see :mod:`trl_compat.activation`)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import sys
 from typing import List, Optional
 
 import trl_compat
+from trl_compat import activation
 from trl_compat._engine import PENDING, dist_version, registry
 
 STACK = ("torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "vllm")
@@ -37,7 +41,7 @@ def collect() -> dict:
         records.append(row)
     versions = {"python": platform.python_version(), "trl_compat": trl_compat.__version__}
     versions.update({dist: dist_version(dist) for dist in STACK})
-    return {"versions": versions, "patches": records}
+    return {"versions": versions, "activation": activation.describe(), "patches": records}
 
 
 def render(data: dict) -> str:
@@ -46,6 +50,8 @@ def render(data: dict) -> str:
     for dist, version in data["versions"].items():
         if dist != "trl_compat":
             lines.append(f"  {dist:<{width}}  {version or '-'}")
+    if "activation" in data:
+        lines += ["", f"  {'activation':<{width}}  {data['activation']['summary']}"]
     lines.append("")
     rows = [("patch", "status", "reason")] + [(r["id"], r["status"], r["reason"]) for r in data["patches"]]
     w_id = max(len(r[0]) for r in rows)
@@ -55,10 +61,30 @@ def render(data: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="trl-compat", description=__doc__)
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trl-compat", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    args = parser.parse_args(argv)
+    commands = parser.add_subparsers(dest="command", metavar="{report,run}")
+    report = commands.add_parser("report", help="what trl_compat did here (the default)")
+    # SUPPRESS: `trl-compat --json report` must keep the --json given before the command.
+    report.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print the report as JSON")
+    run = commands.add_parser(
+        "run", help="run a command with trl_compat active in every Python process it starts",
+        description="Run CMD with trl_compat active in it and in every Python process it starts on this "
+                    "node (accelerate launch, torchrun, deepspeed, trl, multiprocessing): a sitecustomize "
+                    "put first on PYTHONPATH imports trl_compat at start-up.",
+        usage="trl-compat run -- CMD [ARGS...]")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD [ARGS...]", help="the command to run")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        from trl_compat.activation.launcher import run
+
+        return run(args.cmd)
     data = collect()
     print(json.dumps(data, indent=2) if args.json else render(data))
     return 0
