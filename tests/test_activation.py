@@ -38,6 +38,7 @@ import pytest
 import trl_compat
 from trl_compat import activation
 from trl_compat.activation import launcher
+from test_matrix_status import APPLIED
 from versions import installed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -60,8 +61,7 @@ heavy = pytest.mark.skipif(
     not HEAVY_CELL,
     reason="real multi-process launches run in one cell only (trl 0.15.2 x transformers 4.48.3 with deepspeed "
            "and accelerate), to keep the matrix fast")
-# The patches applied in that cell (tests/test_matrix_status.py's APPLIED["trl0.15.2-tf4.48.3"]).
-HEAVY_APPLIED = {"zero3-unwrap", "zero3-hooks-api", "logits-to-keep", "vllm-prefix-cache"}
+HEAVY_APPLIED = APPLIED["trl0.15.2-tf4.48.3"]
 
 
 def base_env(**extra):
