@@ -247,9 +247,9 @@ def innermost(model: Any) -> Any:
 class _Switch:
     """On while the patch is applied. ``active`` holds the TrlCall facts.
 
-    The engine turns it on with ``patcher.replace(SWITCH, "active", facts)``
-    and off by deleting that attribute; deleting it also restores the forward
-    of every model we changed, so ``revert()`` leaves nothing behind."""
+    apply() turns it on by setting ``active`` and off (``patcher.on_undo``) by
+    deleting that attribute; deleting it also restores the forward of every
+    model we changed, so ``revert()`` leaves nothing behind."""
 
     active: Optional[TrlCall] = None
 
@@ -505,7 +505,8 @@ def apply(module, patcher) -> None:
     trl, why = read_trl(module)
     if trl is None:  # the probe read it a moment ago
         raise RuntimeError(why)
-    patcher.replace(SWITCH, "active", trl)
+    SWITCH.active = trl
+    patcher.on_undo(lambda: delattr(SWITCH, "active"))  # also restores every model's forward
     patcher.wrap(module.GRPOTrainer, trl.entry, functools.partial(_wrap_entry, trl=trl))
 
 

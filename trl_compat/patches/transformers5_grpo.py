@@ -48,6 +48,7 @@ probe finds it. transformers5-import has a different trigger and is separate.
 
 from __future__ import annotations
 
+import functools
 from typing import List, Optional, Tuple
 
 from trl_compat._engine import Patch, affected, needed, not_needed, undecided
@@ -111,6 +112,11 @@ def _use_cache_part(module, source) -> Tuple[Optional[bool], str]:
     return True, "GRPOTrainer.__init__ passes use_cache=None to from_pretrained; transformers' strict configs reject it"
 
 
+@functools.lru_cache(maxsize=None)
+def _mentions_warnings_issued(modeling_utils) -> bool:
+    return "warnings_issued" in code(modeling_utils)  # ~280 kB of code: read once (probe, then apply)
+
+
 def _warnings_part(source) -> Tuple[bool, str]:
     if WARNINGS_PATTERN not in source:
         return False, "GRPOTrainer.__init__ does not touch model.warnings_issued"
@@ -118,7 +124,7 @@ def _warnings_part(source) -> Tuple[bool, str]:
 
     if hasattr(modeling_utils.PreTrainedModel, "warnings_issued"):
         return False, "PreTrainedModel has warnings_issued"
-    if "warnings_issued" in code(modeling_utils):
+    if _mentions_warnings_issued(modeling_utils):
         return False, "transformers' models create warnings_issued"
     return True, "GRPOTrainer.__init__ sets model.warnings_issued[...], which transformers' models no longer have"
 

@@ -67,6 +67,8 @@ import inspect
 import logging
 import os
 import sys
+import types
+import weakref
 
 from trl_compat import _engine
 from trl_compat._engine import Patch, affected, needed, not_needed, undecided
@@ -78,6 +80,7 @@ PATCH_ID = "zero3-unwrap"
 NAME = "unwrap_model_for_generation"
 GUARD = 'hasattr(model, "optimizer")'
 BARE_CALL = "unwrap_model_for_generation(self.model,"
+_made: "weakref.WeakSet" = weakref.WeakSet()  # the wrappers this copy of trl_compat made
 
 
 def _has_guard(function) -> bool:
@@ -282,14 +285,19 @@ def probe(module):
 def apply(module, patcher) -> None:
     original = getattr(module, NAME)
     wrapper = patcher.wrap(module, NAME, _wrap_unwrap)
+    _made.add(wrapper)
     # Modules that imported the name before us (trl.models caches it, trainers
     # import it from there); modules imported later get the wrapper anyway, and
-    # keep that earlier wrapper after a revert (it acts again once re-applied).
+    # keep that earlier wrapper after a revert: rebind those too on re-apply.
     for name, other in sorted(sys.modules.items()):
         if other is None or other is module or not (name == "trl" or name.startswith("trl.")):
             continue
-        if vars(other).get(NAME) is original:
+        bound = vars(other).get(NAME)
+        if bound is original:
             patcher.replace(other, NAME, wrapper, above=original)
+        elif isinstance(bound, types.FunctionType) and bound in _made and bound is not wrapper:
+            setattr(other, NAME, wrapper)  # our own earlier wrapper: not another copy's
+            patcher.on_undo(functools.partial(setattr, other, NAME, bound))
 
 
 # The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
