@@ -13,7 +13,14 @@ traceback through trl_compat escapes into an import, or when a patch applies to 
 release outside the window where research found its bug (``KNOWN`` below, kept
 independent of the patches' own windows on purpose).
 
-Usage: python matrix/sweep.py [--work DIR] [--versions 0.14.0,0.15.0] [--output matrix/SWEEP.md]
+With ``--trl-git PATH`` (a clone of TRL's git history, bare or not) it also builds the
+main-branch commits the patch docstrings name (``COMMITS``: each dev build around a window's
+bound, on both sides of the fix) into the matching base venv and checks the statuses of the
+patches each commit is about against that table, kept independent of the probes; the other
+patches are judged by ``KNOWN`` on the build's dev version. Without it those rows are skipped,
+and SWEEP.md says so.
+
+Usage: python matrix/sweep.py [--work DIR] [--versions 0.14.0,0.15.0] [--trl-git PATH] [--output matrix/SWEEP.md]
 """
 
 import argparse
@@ -53,6 +60,23 @@ KNOWN = {
     "grpo-eval-0.14": lambda v, vs: v == V("0.14.0"),
     "vllm-prefix-cache": lambda v, vs: V("0.15.0") <= v < V("0.16.0"),
 }
+
+# Main-branch commits (reporting X.dev0) around the windows' bounds, with what research found in
+# their code: patch id -> whether it must apply (on the tf4.53 base: peft, deepspeed 0.16.4, no vLLM).
+COMMITS = [
+    ("ab30a01ba", "0.15.0.dev0 before PR #2694 (grpo-eval-0.14 fix)", {"grpo-eval-0.14": True, "vllm-lora-names": True}),
+    ("fecaa991d", "PR #2694: prediction_step added", {"grpo-eval-0.14": False, "vllm-lora-names": True}),
+    ("7347c292c", "0.15.0.dev0 before PR #2725 (PEFT names fix)", {"vllm-lora-names": True, "vllm-merged-weights": False}),
+    ("81221661c", "PR #2725: PEFT names stripped, unmerge before load", {"vllm-lora-names": False, "vllm-merged-weights": True}),
+    ("ffcb9f4ae", "0.16.0.dev0 version bump", {"vllm-prefix-cache": True, "vllm-merged-weights": True}),
+    ("ba036576d", "0.16.0.dev0 before PR #2873 (merged-weights fix)", {"vllm-merged-weights": True}),
+    ("822653824", "PR #2873: unmerge after load", {"vllm-merged-weights": False, "vllm-prefix-cache": True}),
+    ("ad6a35bdd", "PR #2871: unwraps model_wrapped", {"zero3-unwrap": False}),
+    ("a34987956", "0.16.0.dev0 before PR #3094 (prefix-cache reset)", {"vllm-prefix-cache": True}),
+    ("f713f614e", "PR #3094: vLLM server, cache reset after each sync", {"vllm-prefix-cache": False}),
+    ("32df09358", "0.20.0.dev0 with 0.19's code, before PR #3563", {"logits-to-keep": True}),
+    ("7e8ef867a", "PR #3563: _get_per_token_logps_and_entropies", {"logits-to-keep": False}),
+]
 
 CHECK = r"""
 import json, traceback
@@ -160,31 +184,57 @@ def sweep_one(work, version):
     base = choose_base(work, version, reqs)
     python = base_python(work, base)
     run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(found[0])])
+    return check(python, str(version), base)
+
+
+def check(python, version, base):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRL_COMPAT_")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     proc = subprocess.run([str(python), "-c", CHECK], text=True, capture_output=True, env=env, timeout=600)
     line = next((l for l in proc.stdout.splitlines() if l.startswith("SWEEP-JSON ")), None)
     if line is None:
-        return {"version": str(version), "base": base, "crash": f"checker died (rc {proc.returncode}): {proc.stderr[-800:]}",
+        return {"version": version, "base": base, "crash": f"checker died (rc {proc.returncode}): {proc.stderr[-800:]}",
                 "imports": {}, "report": [], "versions": {}}
     data = json.loads(line[len("SWEEP-JSON "):])
-    data.update(version=str(version), base=base)
+    data.update(version=version, base=base)
     return data
 
 
+def sweep_commit(work, git, commit):
+    """Build ``commit`` of TRL from the clone at ``git`` and check it like a release."""
+    src = work / "src" / commit
+    if not (src / "setup.py").exists() and not (src / "pyproject.toml").exists():
+        src.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "--git-dir", git, "archive", "--format=tar", commit],
+                                 check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    dev = V(re.search(r'__version__ = "([^"]+)"', (src / "trl" / "__init__.py").read_text()).group(1))
+    python = base_python(work, choose_base(work, dev, []))
+    run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(src)])
+    return check(python, f"{dev}@{commit}", choose_base(work, dev, []))
+
+
 def judge(row):
-    v = V(row["version"])
+    version, _, commit = row["version"].partition("@")
+    v = V(version)
     versions = row.get("versions", {})
+    expect = next((e for c, _, e in COMMITS if c == commit), {}) if commit else {}
     problems = []
     if row["crash"]:
         problems.append("CRASH")
-    for rec in row["report"]:
-        if rec["status"] == "applied" and not KNOWN.get(rec["id"], lambda *_: False)(v, versions):
-            problems.append(f"WRONG {rec['id']}")
+    status = {rec["id"]: rec["status"] for rec in row["report"]}
+    for pid, applies in expect.items():
+        if (status.get(pid) == "applied") != applies:
+            problems.append(f"WRONG {pid}")
+    for pid, st in status.items():
+        known = KNOWN.get(pid, lambda *_: False)
+        # a dev build of X carries code of the line before X or of X itself: either may hold the bug
+        if pid not in expect and st == "applied" and not (known(v, versions) or (commit and known(V(v.base_version), versions))):
+            problems.append(f"WRONG {pid}")
     return problems
 
 
-def write(rows, output, seconds):
+def write(rows, output, seconds, commits_note):
     ids = []
     for row in rows:
         for rec in row["report"]:
@@ -195,13 +245,18 @@ def write(rows, output, seconds):
     lines = [
         "# Sweep: every TRL release from 0.14.0 to the newest",
         "",
-        f"Written by `matrix/sweep.py` ({len(rows)} releases, {seconds:.0f} s). Each release was swapped into a",
+        f"Written by `matrix/sweep.py` ({len(rows)} builds, {seconds:.0f} s). Each build was swapped into a",
         "base venv (`--no-deps`), then `import trl_compat`, `import trl.trainer.grpo_trainer, trl.models.utils`",
         "and `trl_compat.report()` ran in a fresh process, without `TRL_COMPAT_STRICT`.",
         "",
         f"**{crashes} crashes, {wrong} wrong applications.** A wrong application is a patch applied to a release",
-        "outside the window where research found its bug. Short statuses: A applied, - not needed, P pending",
+        "outside the window where research found its bug (for a main-branch build `X.devN@commit`: the windows of",
+        "X.devN and of X), or a patch the commit is about (`COMMITS` in the script) whose status differs from what",
+        "research found in that code.",
+        "Short statuses: A applied, - not needed, P pending",
         "(its module did not import), U undecided, ? unknown version, M target missing, F failed, D disabled.",
+        "",
+        commits_note,
         "",
         "| trl | base (transformers) | grpo import | " + " | ".join(f"`{i}`" for i in ids) + " | flags |",
         "|---|---|---|" + "---|" * len(ids) + "---|",
@@ -234,19 +289,31 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", default=str(ROOT / ".tox" / "sweep-work"))
     parser.add_argument("--versions", default="")
+    parser.add_argument("--trl-git", default="", help="a clone of TRL's git history: also check COMMITS")
+    parser.add_argument("--only-commits", action="store_true", help="skip the releases (with --trl-git)")
     parser.add_argument("--output", default=str(ROOT / "matrix" / "SWEEP.md"))
     args = parser.parse_args()
     work = pathlib.Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    versions = [V(v) for v in args.versions.split(",") if v] or trl_releases()
+    versions = [] if args.only_commits else [V(v) for v in args.versions.split(",") if v] or trl_releases()
+    git = pathlib.Path(args.trl_git) if args.trl_git else None
+    if git is not None and (git / ".git").exists():
+        git = git / ".git"
+    if git is None:
+        note = (f"The {len(COMMITS)} main-branch commits in `COMMITS` were skipped: no `--trl-git` "
+                "(a clone of TRL's git history) was given.")
+        print("sweep: " + note, flush=True)
+    else:
+        note = f"The {len(COMMITS)} main-branch commits in `COMMITS` were built from a clone of TRL's git history."
     t0 = time.time()
     rows = []
-    for version in versions:
-        row = sweep_one(work, version)
+    jobs = [(sweep_one, v) for v in versions] + ([(sweep_commit, c) for c, _, _ in COMMITS] if git else [])
+    for job, arg in jobs:
+        row = job(work, arg) if job is sweep_one else job(work, str(git), arg)
         rows.append(row)
         print(f"trl {row['version']:>8} [{row['base']}]: "
               + " ".join(f"{r['id']}={r['status']}" for r in row["report"]) + f"  {judge(row) or ''}", flush=True)
-    return write(rows, args.output, time.time() - t0)
+    return write(rows, args.output, time.time() - t0, note)
 
 
 if __name__ == "__main__":

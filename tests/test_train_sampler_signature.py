@@ -17,6 +17,7 @@ import pytest
 from packaging.version import Version
 
 import trl_compat
+from trl_compat import _engine
 from versions import installed
 from trl_compat.patches.train_sampler_signature import PATCH
 
@@ -107,8 +108,8 @@ def test_grpo_trains_and_batches_stay_grouped(tmp_path):
 
     dataset = grpo_run.tiny.prompt_dataset(8)
     trainer = grpo_run.make_trainer(tmp_path, steps=3, train_dataset=dataset, trainer_cls=Recording)
-    assert getattr(GRPOTrainer._get_train_sampler, "__trl_compat_patch__", None) == PID
-    assert getattr(GRPOTrainer._get_eval_sampler, "__trl_compat_patch__", None) is None  # not wrapped
+    assert PID in _engine.markers(GRPOTrainer._get_train_sampler)
+    assert PID not in _engine.markers(GRPOTrainer._get_eval_sampler)  # not wrapped
     trainer.tiny_initial_trainable = grpo_run.trainable_snapshot(trainer)
     trainer.train()
 

@@ -154,8 +154,10 @@ def test_stays_above_vllm_merged_weights_through_revert_and_install():
     if trl_compat.status(merged) != trl_compat.APPLIED:
         pytest.skip("vllm-merged-weights is not needed with this TRL")
 
-    def on_top():
-        return getattr(vars(GRPOTrainer)["_move_model_to_vllm"], _engine.MARKER)
+    def on_top():  # the patch whose wrapper is the top one: its marker is not on what it wraps
+        top = vars(GRPOTrainer)["_move_model_to_vllm"]
+        (patch_id,) = _engine.markers(top) - _engine.markers(getattr(top, "__wrapped__", None))
+        return patch_id
 
     assert on_top() == PID
     trl_compat.revert(merged)

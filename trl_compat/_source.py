@@ -16,6 +16,7 @@ is raised with the reason; the engine reports the patch "undecided" with that re
 
 from __future__ import annotations
 
+import ast
 import inspect
 import io
 import textwrap
@@ -75,15 +76,27 @@ def unwrap(obj: Any) -> Any:
         return obj
 
 
-def code(obj: Any) -> Code:
-    """The normalised source of a module, class, function or method (see module doc)."""
+def _source(obj: Any) -> str:
     target = unwrap(obj)
     try:
-        source = inspect.getsource(target)
+        return inspect.getsource(target)
     except (OSError, TypeError) as exc:
         name = getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
         raise SourceUnavailable(f"cannot read the source of {name} ({exc})") from None
-    return Code(normalise(source))
+
+
+def code(obj: Any) -> Code:
+    """The normalised source of a module, class, function or method (see module doc)."""
+    return Code(normalise(_source(obj)))
+
+
+def syntax(obj: Any) -> ast.Module:
+    """The parsed source of ``obj`` (unwrapped as by :func:`code`), for a probe that needs
+    the structure of the code rather than its text (comments are not in the tree)."""
+    try:
+        return ast.parse(textwrap.dedent(_source(obj)))
+    except SyntaxError as exc:
+        raise SourceUnavailable(f"cannot parse the source of {getattr(obj, '__qualname__', obj)!r} ({exc})") from None
 
 
 def defining_class(cls: type, name: str) -> Optional[type]:

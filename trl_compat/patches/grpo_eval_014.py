@@ -47,35 +47,21 @@ from __future__ import annotations
 
 import ast
 import functools
-import inspect
 import logging
-import re
-import textwrap
 from collections import defaultdict
 
-from trl_compat._engine import Patch, needed, not_needed, undecided
+from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._source import code, defining_class, syntax
 
 logger = logging.getLogger("trl_compat")
 
 PATCH_ID = "grpo-eval-0.14"
 EVAL_STORE = "_trl_compat_eval_metrics"  # on the trainer instance
-RAW_PROMPTS = 'x["prompt"]forxininputs'
-
-
-def _squash(text: str) -> str:
-    return re.sub(r"\s+", "", text).replace("'", '"')
-
-
-def _owner(cls, name):
-    for klass in cls.__mro__:
-        if name in vars(klass):
-            return klass
-    return None
+RAW_PROMPTS = 'x["prompt"] for x in inputs'
 
 
 def _only_returns_its_argument(function) -> bool:
-    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
-    fn = tree.body[0]
+    fn = syntax(function).body[0]
     if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return False
     body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
@@ -92,17 +78,14 @@ def probe(module):
     cls = module.GRPOTrainer
     if not issubclass(cls, base):
         return undecided("GRPOTrainer is not a transformers Trainer")
-    owner = _owner(cls, "prediction_step")
+    owner = defining_class(cls, "prediction_step")
     if owner is not None and owner is not base and issubclass(owner, base):
         return not_needed(f"{owner.__qualname__} defines its own prediction_step (TRL >= 0.15.0 behaviour)")
-    try:
-        step = _squash(inspect.getsource(base.prediction_step))
-        prepare = vars(cls).get("_prepare_inputs")
-        passes_through = prepare is not None and _only_returns_its_argument(prepare)
-        loss = _squash(inspect.getsource(cls.compute_loss))
-        log_source = _squash(inspect.getsource(vars(cls)["log"])) if "log" in vars(cls) else ""
-    except (OSError, TypeError, SyntaxError) as exc:
-        return undecided(f"cannot read the trainer's source ({type(exc).__name__}: {exc})")
+    step = code(base.prediction_step)
+    prepare = vars(cls).get("_prepare_inputs")
+    passes_through = prepare is not None and _only_returns_its_argument(prepare)
+    loss = code(cls.compute_loss)
+    log_source = code(vars(cls)["log"]) if "log" in vars(cls) else ""
     if "inputs.get(" not in step:
         return undecided("transformers' Trainer.prediction_step no longer calls inputs.get(...): "
                          "cannot tell whether it takes GRPO's raw batch")
@@ -175,7 +158,11 @@ def _wrap_log(original):
 def apply(module, patcher) -> None:
     cls = module.GRPOTrainer
     patcher.replace(cls, "prediction_step", prediction_step)
-    patcher.replace(cls, "log", _wrap_log(vars(cls)["log"]))
+    patcher.wrap(cls, "log", _wrap_log)
+
+
+# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0.dev0"], "outside": ["0.15.0", "0.16.0"]}}
 
 
 PATCH = Patch(
@@ -185,8 +172,7 @@ PATCH = Patch(
     upstream="https://github.com/huggingface/trl/pull/2694 (fixed in 0.15.0; metrics split by mode in 0.16.0)",
     module="trl.trainer.grpo_trainer",
     target="GRPOTrainer",  # log and prediction_step fall back to Trainer's: the class is what must exist
-    # <=0.15.0.dev0: main installs before PR #2694 report 0.15.0.dev0; the probe decides.
-    requires={"trl": ">=0.14.0.dev0,<=0.15.0.dev0"},
+    requires={"trl": affected("0.14.0", "0.15.0")},
     probe=probe,
     apply=apply,
     remove_when="trl_compat no longer supports TRL 0.14.x (and 0.15.0.dev0 installs older than PR #2694)",

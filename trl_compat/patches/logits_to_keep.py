@@ -84,24 +84,23 @@ from __future__ import annotations
 
 import functools
 import inspect
-import io
 import logging
 import numbers
 import re
-import textwrap
 import threading
-import tokenize
 import types
 import weakref
 from typing import Any, Dict, FrozenSet, List, NamedTuple, Optional, Tuple
 
-from trl_compat._engine import Patch, needed, not_needed, undecided
+from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._source import code
 
 log = logging.getLogger("trl_compat")
 
 PATCH_ID = "logits-to-keep"
 NEW = "logits_to_keep"  # transformers >= 4.49
 OLD = "num_logits_to_keep"  # transformers <= 4.51
+NEXT = "_get_per_token_logps_and_entropies"  # TRL 0.20's entry point (PR #3563, 7e8ef867a)
 NAMES = (NEW, OLD)
 
 # Per-model actions (what prepare_model() did); reported by decisions().
@@ -127,49 +126,28 @@ class TrlCall(NamedTuple):
 # -- reading TRL's source -----------------------------------------------------------------
 
 
-def _code_without_comments(source: str) -> str:
-    """Source with comments and docstring-like strings dropped, whitespace collapsed."""
-    out = []
-    try:
-        for tok in tokenize.generate_tokens(io.StringIO(textwrap.dedent(source)).readline):
-            if tok.type in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT,
-                            tokenize.DEDENT, tokenize.STRING):
-                out.append(" ")
-            else:
-                out.append(tok.string)
-    except (tokenize.TokenError, IndentationError, SyntaxError):
-        return re.sub(r"#[^\n]*", " ", source)
-    return " ".join(out)
-
-
 _PASS_RE = re.compile(r"\b(num_logits_to_keep|logits_to_keep)\s*=\s*(?:num_logits_to_keep|logits_to_keep)\s*\+\s*1\b")
 _FALLBACK_RE = re.compile(r"\blogits\s*=\s*logits\s*\[\s*:\s*,\s*-\s*(?:num_logits_to_keep|logits_to_keep)\s*:\s*\]")
 
 
 def _caller(trainer_cls) -> Tuple[str, Optional[str]]:
-    """The method whose code calls the models, and its source (None if unreadable)."""
+    """The method whose code calls the models, and its code."""
     for name, must_contain in (("_get_per_token_logps", None), ("compute_loss", "def get_per_token_logps")):
         fn = getattr(trainer_cls, name, None)
         if fn is None:
             continue
-        try:
-            source = inspect.getsource(fn)  # unwraps decorators and other patches' wrappers
-        except (OSError, TypeError):
-            return name, None
-        if must_contain is None or must_contain in source:
-            return name, source
+        text = code(fn)  # unwraps decorators and other patches' wrappers
+        if must_contain is None or must_contain in text:
+            return name, text
     return "", None
 
 
 def read_trl(module) -> Tuple[Optional[TrlCall], str]:
     """``(TrlCall, "")`` or ``(None, why not)`` for the loaded ``trl.trainer.grpo_trainer``."""
-    caller, source = _caller(module.GRPOTrainer)
+    caller, text = _caller(module.GRPOTrainer)
     if not caller:
         return None, "GRPOTrainer has neither _get_per_token_logps nor a compute_loss with a nested get_per_token_logps"
-    if source is None:
-        return None, f"the source of GRPOTrainer.{caller} is not available"
-    code = _code_without_comments(source)
-    passed = set(_PASS_RE.findall(code))
+    passed = set(_PASS_RE.findall(text))
     if len(passed) != 1:
         return None, (f"GRPOTrainer.{caller} passes {sorted(passed) or 'neither logits_to_keep nor num_logits_to_keep'}"
                       " as `<name>=<name> + 1`; expected exactly one")
@@ -178,7 +156,7 @@ def read_trl(module) -> Tuple[Optional[TrlCall], str]:
     # _prepare_inputs instead, which transformers' training_step and prediction_step (and
     # grpo-eval-0.14's) call right before compute_loss, and prepare the trainer's models there.
     entry = caller if caller == "_get_per_token_logps" else "_prepare_inputs"
-    return TrlCall(passed.pop(), bool(_FALLBACK_RE.search(code)), entry, caller), ""
+    return TrlCall(passed.pop(), bool(_FALLBACK_RE.search(text)), entry, caller), ""
 
 
 # -- reading the model side ---------------------------------------------------------------
@@ -269,9 +247,9 @@ def innermost(model: Any) -> Any:
 class _Switch:
     """On while the patch is applied. ``active`` holds the TrlCall facts.
 
-    The engine turns it on with ``patcher.replace(SWITCH, "active", facts)``
-    and off by deleting that attribute; deleting it also restores the forward
-    of every model we changed, so ``revert()`` leaves nothing behind."""
+    apply() turns it on by setting ``active`` and off (``patcher.on_undo``) by
+    deleting that attribute; deleting it also restores the forward of every
+    model we changed, so ``revert()`` leaves nothing behind."""
 
     active: Optional[TrlCall] = None
 
@@ -468,6 +446,9 @@ def _reference_accepts() -> Tuple[Optional[Accepts], str]:
 
 
 def probe(module):
+    if NEXT in vars(module.GRPOTrainer):
+        return not_needed(f"GRPOTrainer calls the models from {NEXT} (TRL 0.20's code, on main from PR #3563), "
+                          "which needs a transformers whose causal LMs take logits_to_keep")
     trl, why = read_trl(module)
     if trl is None:
         return undecided(why)
@@ -524,13 +505,14 @@ def apply(module, patcher) -> None:
     trl, why = read_trl(module)
     if trl is None:  # the probe read it a moment ago
         raise RuntimeError(why)
-    cls = module.GRPOTrainer
-    original = getattr(cls, trl.entry)
-    if getattr(original, "__trl_compat_patch__", None) == PATCH_ID:
-        raise RuntimeError(f"GRPOTrainer.{trl.entry} is already wrapped by another copy of trl_compat")
-    patcher.replace(SWITCH, "active", trl)
-    patcher.replace(cls, trl.entry, _wrap_entry(original, trl))
+    SWITCH.active = trl
+    patcher.on_undo(lambda: delattr(SWITCH, "active"))  # also restores every model's forward
+    patcher.wrap(module.GRPOTrainer, trl.entry, functools.partial(_wrap_entry, trl=trl))
 
+
+# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0", "0.18.2", "0.19.0", "0.19.1", "0.20.0.dev0"],
+                    "outside": ["0.20.0"]}}
 
 PATCH = Patch(
     id=PATCH_ID,
@@ -541,8 +523,9 @@ PATCH = Patch(
     ),
     module="trl.trainer.grpo_trainer",
     target="GRPOTrainer",
-    # 0.20 renamed the entry point (_get_per_token_logps_and_entropies) and requires transformers>=4.53.2.
-    requires={"trl": ">=0.14.0.dev0,<0.20"},
+    # 0.20 renamed the entry point (_get_per_token_logps_and_entropies) and requires transformers>=4.53.2;
+    # its 0.20.0.dev0 builds before PR #3563 carry 0.19's code: the probe tells them apart.
+    requires={"trl": affected("0.14.0", "0.20.0")},
     probe=probe,
     apply=apply,
     remove_when=(

@@ -56,7 +56,7 @@ import sys
 import types
 from typing import Dict, Iterator, List, Tuple
 
-from trl_compat._engine import Patch, needed, not_needed, undecided
+from trl_compat._engine import Patch, affected, needed, not_needed, undecided
 
 PEFT_NAMES = ("PeftModel", "PeftConfig", "get_peft_model")
 GUARD = "is_peft_available"
@@ -232,13 +232,16 @@ def apply(module: types.ModuleType, patcher) -> None:
         patcher.replace(module, name, _stand_in(name))
     trainer = getattr(module, "GRPOTrainer", None)
     if isinstance(trainer, type):
-        init = trainer.__init__
         try:
-            takes_peft_config = "peft_config" in inspect.signature(init).parameters
+            takes_peft_config = "peft_config" in inspect.signature(trainer.__init__).parameters
         except (TypeError, ValueError):
             takes_peft_config = False
         if takes_peft_config:
-            patcher.replace(trainer, "__init__", _wrap_init(init))
+            patcher.wrap(trainer, "__init__", _wrap_init)
+
+
+# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0.dev0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}}
 
 
 PATCH = Patch(
@@ -250,8 +253,8 @@ PATCH = Patch(
     ),
     module="trl.trainer.grpo_trainer",
     target="GRPOTrainer",  # the class: __init__ can never be missing (it is inherited)
-    # <=0.16.0.dev0: main reported 0.16.0.dev0 for five days before PR #2848 added the guard.
-    requires={"trl": ">=0.14.0.dev0,<=0.16.0.dev0"},
+    # main reported 0.16.0.dev0 for five days before PR #2848 added the guard: the probe decides.
+    requires={"trl": affected("0.14.0", "0.16.0")},
     probe=probe,
     apply=apply,
     remove_when="trl_compat drops support for TRL < 0.16.0 (and 0.16.0.dev0 installs older than PR #2848)",

@@ -48,7 +48,8 @@ import inspect
 import logging
 import re
 
-from trl_compat._engine import Patch, needed, not_needed, undecided
+from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._source import code, defining_class
 
 log = logging.getLogger("trl_compat")
 
@@ -61,43 +62,33 @@ SAMPLERS = (
 )
 
 
-def _squash(text: str) -> str:
-    return re.sub(r"\s+", "", text)
-
-
-def _source(function) -> str:
-    return inspect.getsource(inspect.unwrap(function))
-
-
-def _owner(cls, name):
-    for klass in cls.__mro__:
-        if name in vars(klass):
-            return klass
-    return None
+def _flat(function) -> str:
+    """Its code without comments, docstrings or any spaces: one string for the regexes below."""
+    return "".join(code(function).split())
 
 
 def _positional_passed(cls, sampler: str, loader: str):
     """How many positional arguments the installed code passes to ``sampler``
     (None: cannot tell) and where that was read."""
-    owner = _owner(cls, loader)
+    owner = defining_class(cls, loader)
     if owner is None:
         return None, f"no {loader} found on {cls.__name__}"
     where = f"{owner.__module__}.{owner.__qualname__}.{loader}"
-    code = _squash(_source(getattr(owner, loader)))
-    if f"self.{sampler}()" in code:
+    text = _flat(vars(owner)[loader])
+    if f"self.{sampler}()" in text:
         return 0, where
-    if f"sampler_fn=self.{sampler}" in code:
+    if f"sampler_fn=self.{sampler}" in text:
         dataloader = getattr(cls, "_get_dataloader", None)
         if dataloader is None:
             return None, f"{where} hands {sampler} to _get_dataloader, which does not exist"
-        calls = set(re.findall(r"sampler_fn\(([^()]*)\)", _squash(_source(dataloader))))
+        calls = set(re.findall(r"sampler_fn\(([^()]*)\)", _flat(dataloader)))
         if len(calls) != 1:
             return None, f"{where} hands {sampler} to _get_dataloader, whose calls of it are {sorted(calls)}"
         args = [a for a in next(iter(calls)).split(",") if a]
         if any("=" in a or a.startswith("*") for a in args):
             return None, f"_get_dataloader calls sampler_fn({','.join(args)}), with keywords or unpacking"
         return len(args), f"{where} -> Trainer._get_dataloader: sampler_fn({', '.join(args)})"
-    found = re.findall(rf"self\.{re.escape(sampler)}\(([^()]*)\)", code)
+    found = re.findall(rf"self\.{re.escape(sampler)}\(([^()]*)\)", text)
     if len(set(found)) == 1 and "=" not in found[0] and "*" not in found[0]:
         return len([a for a in found[0].split(",") if a]), where
     return None, f"{where} does not call self.{sampler} in a form trl_compat knows"
@@ -114,7 +105,7 @@ def _takes(function, count: int) -> bool:
 def findings(module):
     """``[(sampler, passed, takes_it, where)]`` for each sampler GRPOTrainer has:
     ``passed`` is how many positional arguments the installed code passes (None:
-    cannot tell). Raises OSError/TypeError on unreadable code."""
+    cannot tell). Raises SourceUnavailable on unreadable code."""
     cls = module.GRPOTrainer
     found = []
     for sampler, loader, _ in SAMPLERS:
@@ -127,17 +118,14 @@ def findings(module):
 
 
 def _signature_text(cls, sampler) -> str:
-    owner = _owner(cls, sampler)
+    owner = defining_class(cls, sampler)
     signature = inspect.signature(getattr(cls, sampler))
     return f"{owner.__qualname__}.{sampler}{signature.replace(return_annotation=inspect.Signature.empty)}"
 
 
 def probe(module):
     cls = module.GRPOTrainer
-    try:
-        found = findings(module)
-    except (OSError, TypeError) as exc:
-        return undecided(f"cannot read the source of the dataloader methods ({type(exc).__name__}: {exc})")
+    found = findings(module)
     broken = [f"{where} passes {passed} positional argument(s), which {_signature_text(cls, s)} cannot take"
               for s, passed, takes, where in found if not takes]
     if broken:
@@ -212,11 +200,15 @@ def apply(module, patcher) -> None:
             names += [p for p in list(inspect.signature(getattr(Trainer, sampler)).parameters)[1:2] if p not in names]
         except (TypeError, ValueError, AttributeError):
             pass
-        patcher.replace(cls, sampler, _wrap(getattr(cls, sampler), tuple(names)))
+        patcher.wrap(cls, sampler, functools.partial(_wrap, dataset_names=tuple(names)))
         changed.append(sampler)
     if not changed:  # the probe said otherwise a moment ago
         raise RuntimeError("no sampler method needs wrapping")
 
+
+# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+VERSIONS = {"trl": {"inside": ["0.15.0", "0.16.1", "0.17.0.dev0"], "outside": ["0.14.0", "0.17.0", "0.18.0"]},
+            "transformers": {"inside": ["4.52.0"], "outside": ["4.51.3"]}}
 
 PATCH = Patch(
     id=PATCH_ID,
@@ -228,8 +220,7 @@ PATCH = Patch(
     ),
     module="trl.trainer.grpo_trainer",
     target="GRPOTrainer",  # the override it wraps is inherited from Trainer once removed: the class is what must exist
-    # <=0.17.0.dev0: main installs before PR #3283 report 0.17.0.dev0; the probe decides.
-    requires={"trl": ">=0.15.0.dev0,<=0.17.0.dev0", "transformers": ">=4.52.0.dev0"},
+    requires={"trl": affected("0.15.0", "0.17.0"), "transformers": affected("4.52.0")},
     probe=probe,
     apply=apply,
     remove_when="trl_compat no longer supports TRL < 0.17.0 (and 0.17.0.dev0 installs older than PR #3283)",

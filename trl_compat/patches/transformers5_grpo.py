@@ -11,13 +11,15 @@ The bugs (once transformers5-import lets ``from trl import GRPOTrainer`` work)
        ``huggingface_hub.errors.StrictDataclassFieldValidationError: Validation error for field
        'use_cache': TypeError: Field 'use_cache' expected bool, got NoneType (value: None)``.
        transformers 4 took ``None`` (the model then fell back to its defaults). TRL 0.20 rewrote
-       the model loading and no longer passes ``use_cache`` this way.
+       the model loading (PR #3072, 56f4201db, on 0.20.0.dev0) and no longer passes ``use_cache``
+       this way.
     2. ``model.warnings_issued["estimate_tokens"] = True`` (TRL 0.14-0.27): transformers 5 removed
        ``PreTrainedModel.warnings_issued`` (the dict ``PreTrainedModel.__init__`` used to create) and
        nothing in it reads the dict any more, so every GRPOTrainer dies with
        ``AttributeError: 'Qwen2ForCausalLM' object has no attribute 'warnings_issued'``.
        Upstream: TRL PR #4960 (0.28.0) removed the line.
-    Window here: trl < 0.20 (what trl_compat supports and tests), transformers >= 5.
+    Window here: trl < 0.20 (what trl_compat supports and tests) and its 0.20.0.dev0 builds,
+    transformers >= 5.
 
 How the probe recognises them (each part separately, from the real code)
     1. The source of ``GRPOTrainer.__init__`` contains ``model_init_kwargs.get("use_cache")`` and
@@ -46,10 +48,11 @@ probe finds it. transformers5-import has a different trigger and is separate.
 
 from __future__ import annotations
 
-import inspect
+import functools
 from typing import List, Optional, Tuple
 
-from trl_compat._engine import Patch, needed, not_needed, undecided
+from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._source import code
 
 USE_CACHE_PATTERN = 'model_init_kwargs.get("use_cache")'
 LOAD_PATTERN = "AutoModelForCausalLM.from_pretrained("
@@ -85,13 +88,6 @@ class WarningsIssued:
         return instance.__dict__.setdefault("warnings_issued", {})
 
 
-def _init_source(module) -> Optional[str]:
-    try:
-        return inspect.getsource(module.GRPOTrainer.__init__)
-    except (OSError, TypeError):
-        return None
-
-
 def _configs_reject_none_use_cache() -> bool:
     from transformers import LlamaConfig
 
@@ -102,7 +98,7 @@ def _configs_reject_none_use_cache() -> bool:
     return False
 
 
-def _use_cache_part(module, source: str) -> Tuple[Optional[bool], str]:
+def _use_cache_part(module, source) -> Tuple[Optional[bool], str]:
     if USE_CACHE_PATTERN not in source:
         return False, "GRPOTrainer.__init__ does not pass model_init_kwargs.get('use_cache')"
     if not _configs_reject_none_use_cache():
@@ -116,27 +112,26 @@ def _use_cache_part(module, source: str) -> Tuple[Optional[bool], str]:
     return True, "GRPOTrainer.__init__ passes use_cache=None to from_pretrained; transformers' strict configs reject it"
 
 
-def _warnings_part(source: str) -> Tuple[bool, str]:
+@functools.lru_cache(maxsize=None)
+def _mentions_warnings_issued(modeling_utils) -> bool:
+    return "warnings_issued" in code(modeling_utils)  # ~280 kB of code: read once (probe, then apply)
+
+
+def _warnings_part(source) -> Tuple[bool, str]:
     if WARNINGS_PATTERN not in source:
         return False, "GRPOTrainer.__init__ does not touch model.warnings_issued"
     import transformers.modeling_utils as modeling_utils
 
     if hasattr(modeling_utils.PreTrainedModel, "warnings_issued"):
         return False, "PreTrainedModel has warnings_issued"
-    try:
-        creates = "warnings_issued" in inspect.getsource(modeling_utils)
-    except (OSError, TypeError):
-        return None, "the source of transformers.modeling_utils is not available"
-    if creates:
+    if _mentions_warnings_issued(modeling_utils):
         return False, "transformers' models create warnings_issued"
     return True, "GRPOTrainer.__init__ sets model.warnings_issued[...], which transformers' models no longer have"
 
 
 def _parts(module) -> Tuple[List[str], List[str], List[str]]:
     """``(parts needed, reasons, reasons it cannot tell)``."""
-    source = _init_source(module)
-    if source is None:
-        return [], [], ["the source of GRPOTrainer.__init__ is not available"]
+    source = code(module.GRPOTrainer.__init__)
     parts, reasons, unclear = [], [], []
     for name, (verdict, reason) in (("use_cache", _use_cache_part(module, source)),
                                     ("warnings_issued", _warnings_part(source))):
@@ -171,6 +166,11 @@ def apply(module, patcher):
         patcher.replace(modeling_utils.PreTrainedModel, "warnings_issued", WarningsIssued())
 
 
+# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+# 0.20.0.dev0 builds carry 0.19's __init__ up to PR #3072 (56f4201db) and warnings_issued up to 0.28.
+VERSIONS = {"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0", "0.28.0"]},
+            "transformers": {"inside": ["5.0.0"], "outside": ["4.57.0"]}}
+
 PATCH = Patch(
     id="transformers5-grpo",
     summary="TRL < 0.20 on transformers 5: GRPOTrainer.__init__ passes use_cache=None and sets model.warnings_issued",
@@ -178,7 +178,7 @@ PATCH = Patch(
               "use_cache=None: not passed since TRL 0.20's model loading rewrite"),
     module="trl.trainer.grpo_trainer",
     target="GRPOTrainer",  # the fixes live outside __init__; an inherited __init__ must not count as present
-    requires={"trl": ">=0.14.0.dev0,<0.20.0", "transformers": ">=5.0.0.dev0"},
+    requires={"trl": affected("0.14.0", "0.20.0"), "transformers": affected("5.0.0")},
     probe=probe,
     apply=apply,
     remove_when="trl_compat drops TRL < 0.20 on transformers 5",

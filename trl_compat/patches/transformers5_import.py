@@ -13,7 +13,8 @@ The bug
     Upstream: TRL PR #5129 (0.29.0) replaced the import by its own helper. Every TRL release from
     0.14.0 to 0.26.x caches the flags at import time like this (0.27/0.28 call the helper lazily
     inside ``is_*_available()``, which this patch does not cover); the window here is the range
-    trl_compat supports and tests, trl < 0.20.
+    trl_compat supports and tests, trl < 0.20, with the 0.20.0.dev0 main-branch builds (which
+    have the bug too).
 
 How the probe recognises it
     It looks at the real values: module globals named ``_*_available`` of the loaded
@@ -41,7 +42,7 @@ does not import transformers' helper).
 
 from __future__ import annotations
 
-from trl_compat._engine import Patch, needed, not_needed
+from trl_compat._engine import Patch, affected, needed, not_needed
 
 
 def tuple_flags(module) -> dict:
@@ -67,13 +68,18 @@ def apply(module, patcher):
         patcher.replace(module, name, bool(value[0]))
 
 
+# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+# 0.20 is where trl_compat's support ends, not a fix: 0.20.0.dev0 builds have the bug and get the fix.
+VERSIONS = {"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0", "0.29.0"]},
+            "transformers": {"inside": ["5.0.0"], "outside": ["4.57.0"]}}
+
 PATCH = Patch(
     id="transformers5-import",
     summary="TRL < 0.20 on transformers 5: optional-package flags are truthy tuples, so `from trl import GRPOTrainer` fails",
     upstream="https://github.com/huggingface/trl/pull/5129 (TRL 0.29.0 stops using transformers' _is_package_available)",
     module="trl.import_utils",
     target="_is_package_available",
-    requires={"trl": ">=0.14.0.dev0,<0.20.0", "transformers": ">=5.0.0.dev0"},
+    requires={"trl": affected("0.14.0", "0.20.0"), "transformers": affected("5.0.0")},
     probe=probe,
     apply=apply,
     remove_when="trl_compat drops TRL < 0.20 on transformers 5",

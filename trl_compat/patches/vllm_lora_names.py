@@ -30,46 +30,33 @@ Remove this patch when trl_compat no longer supports TRL < 0.15.0.
 
 from __future__ import annotations
 
-import inspect
-import re
+from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._source import code
 
-from trl_compat._engine import Patch, needed, not_needed, undecided
-
-_SEND = re.compile(r"\bload_weights\(")
-_STRIP = re.compile(r"""removeprefix\(\s*["']base_model\.model\.["']\s*\)""")
-_DUE = re.compile(r"self\.state\.global_step\s*!=\s*self\._last_loaded_step")
-_DONE = re.compile(r"self\._last_loaded_step\s*=\s*self\.state\.global_step")
-
-
-def _source(obj):
-    try:
-        return inspect.getsource(obj)
-    except (OSError, TypeError):
-        return None
+SEND = "load_weights("
+STRIP = 'removeprefix("base_model.model.")'
+DUE = "self.state.global_step != self._last_loaded_step"
+DONE = "self._last_loaded_step = self.state.global_step"
 
 
 def sync_site(cls):
     """``("method", name)`` for a ``_move_model_to_vllm`` to replace, ``("inline", name)``
     for the method holding the inline sync, or ``None``."""
-    if "_move_model_to_vllm" in cls.__dict__:
-        source = _source(cls.__dict__["_move_model_to_vllm"])
-        if source is not None and _SEND.search(source):
-            return "method", "_move_model_to_vllm"
+    if "_move_model_to_vllm" in vars(cls) and SEND in code(vars(cls)["_move_model_to_vllm"]):
+        return "method", "_move_model_to_vllm"
     for name in ("compute_loss", "_prepare_inputs"):
-        method = cls.__dict__.get(name)
-        source = _source(method) if method is not None else None
-        if source is not None and _SEND.search(source) and _DUE.search(source) and _DONE.search(source):
-            return "inline", name
+        if name in vars(cls):
+            source = code(vars(cls)[name])
+            if SEND in source and DUE in source and DONE in source:
+                return "inline", name
     return None
 
 
 def probe(module):
-    source = _source(module)
-    if source is None:
-        return undecided("cannot read the source of trl.trainer.grpo_trainer")
-    if not _SEND.search(source):
+    source = code(module)
+    if SEND not in source:
         return not_needed("this GRPOTrainer does not push weights into a colocated vLLM")
-    if _STRIP.search(source):
+    if STRIP in source:
         return not_needed("GRPOTrainer strips PEFT names before vLLM's load_weights (fixed in 0.15.0)")
     site = sync_site(module.GRPOTrainer)
     if site is None:
@@ -81,14 +68,13 @@ def probe(module):
 def apply(module, patcher):
     from trl_compat import vllm_sync
 
-    cls = module.GRPOTrainer
-    kind, name = sync_site(cls)
-    original = getattr(cls, name)
-    if kind == "method":
-        patcher.replace(cls, name, vllm_sync.make_move_model_to_vllm(original))
-    else:
-        patcher.replace(cls, name, vllm_sync.make_presync(original))
+    kind, name = sync_site(module.GRPOTrainer)
+    factory = vllm_sync.make_move_model_to_vllm if kind == "method" else vllm_sync.make_presync
+    patcher.wrap(module.GRPOTrainer, name, factory)
 
+
+# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0.dev0"], "outside": ["0.15.0", "0.15.1"]}}
 
 PATCH = Patch(
     id="vllm-lora-names",
@@ -97,7 +83,7 @@ PATCH = Patch(
     upstream="https://github.com/huggingface/trl/issues/2698 (fixed by PR #2725 in 0.15.0; merged values in 0.15.1)",
     module="trl.trainer.grpo_trainer",
     target="GRPOTrainer",
-    requires={"trl": ">=0.14.0.dev0,<0.15.0"},
+    requires={"trl": affected("0.14.0", "0.15.0")},
     probe=probe,
     apply=apply,
     remove_when="TRL < 0.15.0 is no longer supported",

@@ -10,8 +10,8 @@ Affected: TRL 0.15.0, and main-branch builds from PR #2725 (``81221661c``, 0.15.
 to PR #2873 (``822653824``, by then 0.16.0.dev0). 0.15.1 moved the unmerge after the load.
 
 Probe: in the source of ``GRPOTrainer._move_model_to_vllm`` the first ``unmerge_adapter()``
-comes before the first ``load_weights(``. The version window (0.15.0.dev0 to 0.16.0.dev0)
-includes 0.15.1/0.15.2, where the probe finds the fixed order and reports "not needed".
+comes before the first ``load_weights(``. The version window (0.15.0.dev0 up to 0.16.0, main's
+fix landed among the 0.16.0.dev0 builds) includes 0.15.1/0.15.2, where the probe finds the fixed order and reports "not needed".
 
 Fix: ``_move_model_to_vllm`` is replaced by trl_compat's one sync path
 (:mod:`trl_compat.vllm_sync`, shared with ``vllm-lora-names``): vLLM gets base names and
@@ -25,31 +25,25 @@ older than PR #2873).
 
 from __future__ import annotations
 
-import inspect
-import re
+from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._source import code, normalise
 
-from trl_compat._engine import Patch, needed, not_needed, undecided
-
-_SEND = re.compile(r"\b(load_weights|update_named_param)\(")
-_UNMERGE = re.compile(r"\bunmerge_adapter\(\)")
+SENDS = ("load_weights(", "update_named_param(")
+UNMERGE = "unmerge_adapter()"
 
 
 def probe(module):
     cls = getattr(module, "GRPOTrainer")
-    method = cls.__dict__.get("_move_model_to_vllm")
-    if method is None:
+    if "_move_model_to_vllm" not in vars(cls):
         return not_needed("GRPOTrainer does not define _move_model_to_vllm")
-    try:
-        source = inspect.getsource(method)
-    except (OSError, TypeError) as exc:
-        return undecided(f"cannot read the source of GRPOTrainer._move_model_to_vllm ({exc})")
-    send = _SEND.search(source)
-    if send is None:
+    source = code(vars(cls)["_move_model_to_vllm"])
+    sends = [i for i in (source.find(normalise(s)) for s in SENDS) if i >= 0]
+    if not sends:
         return undecided("GRPOTrainer._move_model_to_vllm sends weights in a way this probe does not know")
-    unmerge = _UNMERGE.search(source)
-    if unmerge is None:
+    unmerge = source.find(normalise(UNMERGE))
+    if unmerge < 0:
         return not_needed("_move_model_to_vllm does not merge/unmerge a PEFT adapter")
-    if unmerge.start() < send.start():
+    if unmerge < min(sends):
         return needed("_move_model_to_vllm calls unmerge_adapter() before vLLM's load_weights(): "
                       "vLLM receives the base weights, not the merged ones")
     return not_needed("_move_model_to_vllm unmerges the adapter after load_weights() (fixed in 0.15.1)")
@@ -58,9 +52,13 @@ def probe(module):
 def apply(module, patcher):
     from trl_compat import vllm_sync
 
-    cls = module.GRPOTrainer
-    patcher.replace(cls, "_move_model_to_vllm", vllm_sync.make_move_model_to_vllm(cls._move_model_to_vllm))
+    patcher.wrap(module.GRPOTrainer, "_move_model_to_vllm", vllm_sync.make_move_model_to_vllm)
 
+
+# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+# The fix was released in 0.15.1 (where the probe finds it) and landed on main as 0.16.0.dev0.
+VERSIONS = {"trl": {"inside": ["0.15.0", "0.15.0.dev0", "0.15.1", "0.15.2", "0.16.0.dev0"],
+                    "outside": ["0.14.0", "0.16.0"]}}
 
 PATCH = Patch(
     id="vllm-merged-weights",
@@ -69,7 +67,7 @@ PATCH = Patch(
     upstream="https://github.com/huggingface/trl/issues/2856 (fixed by PR #2873 in 0.15.1)",
     module="trl.trainer.grpo_trainer",
     target="GRPOTrainer._move_model_to_vllm",
-    requires={"trl": ">=0.15.0.dev0,<0.16.0.dev1"},
+    requires={"trl": affected("0.15.0", "0.16.0")},
     probe=probe,
     apply=apply,
     remove_when="TRL < 0.15.1 is no longer supported",

@@ -13,8 +13,10 @@ TRL 0.16 dropped the in-process engine and resets the server's cache after every
 (``vllm_client.reset_prefix_cache()``); 0.18's colocate mode calls ``self.llm.reset_prefix_cache()``.
 
 Affected: TRL 0.15.0, 0.15.1, 0.15.2 with ``use_vllm=True`` (0.14.0 does not turn prefix
-caching on), and main-branch builds between. ``vllm.LLM.reset_prefix_cache`` exists from
-vLLM 0.7.0 on; TRL 0.15 requires 0.7.1 or newer.
+caching on), the main-branch builds between, and the 0.16.0.dev0 builds from ``ffcb9f4ae``
+(version bump) up to PR #3094 (``f713f614e``, the first that resets the cache; the cache was
+``vllm_enable_prefix_caching``, default True, from PR #2900). ``vllm.LLM.reset_prefix_cache``
+exists from vLLM 0.7.0 on; TRL 0.15 requires 0.7.1 or newer.
 
 Probe: the source of ``trl.trainer.grpo_trainer`` builds an engine with
 ``enable_prefix_caching``, never calls ``reset_prefix_cache``, and GRPOTrainer defines
@@ -32,19 +34,16 @@ reports that it could not reset (requests still holding blocks), a warning says 
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 
-from trl_compat._engine import Patch, needed, not_needed, undecided
+from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._source import code
 
 log = logging.getLogger("trl_compat")
 
 
 def probe(module):
-    try:
-        source = inspect.getsource(module)
-    except (OSError, TypeError) as exc:
-        return undecided(f"cannot read the source of {module.__name__} ({exc})")
+    source = code(module)  # comments and docstrings that mention the names do not count
     if "reset_prefix_cache" in source:
         return not_needed("GRPOTrainer resets vLLM's prefix cache itself")
     if "enable_prefix_caching" not in source:
@@ -71,17 +70,22 @@ def _reset_prefix_cache(trainer) -> None:
                     "in use); prompt prefixes cached before this weight sync may be reused")
 
 
-def apply(module, patcher):
-    move = module.GRPOTrainer._move_model_to_vllm
-
+def _wrap_move(move):
     @functools.wraps(move)
     def _move_model_to_vllm(self, *args, **kwargs):
         result = move(self, *args, **kwargs)
         _reset_prefix_cache(self)
         return result
 
-    patcher.replace(module.GRPOTrainer, "_move_model_to_vllm", _move_model_to_vllm)
+    return _move_model_to_vllm
 
+
+def apply(module, patcher):
+    patcher.wrap(module.GRPOTrainer, "_move_model_to_vllm", _wrap_move)
+
+
+# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+VERSIONS = {"trl": {"inside": ["0.15.0", "0.15.1", "0.15.2", "0.16.0.dev0"], "outside": ["0.14.0", "0.16.0"]}}
 
 PATCH = Patch(
     id="vllm-prefix-cache",
@@ -89,7 +93,7 @@ PATCH = Patch(
     upstream="https://github.com/huggingface/trl/issues/3024 (fixed in 0.16.0)",
     module="trl.trainer.grpo_trainer",
     target="GRPOTrainer._move_model_to_vllm",
-    requires={"trl": ">=0.15.0.dev0,<0.16.0"},
+    requires={"trl": affected("0.15.0", "0.16.0")},
     probe=probe,
     apply=apply,
     remove_when="TRL 0.15.x is no longer supported",

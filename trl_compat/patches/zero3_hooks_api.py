@@ -42,10 +42,10 @@ from __future__ import annotations
 
 import functools
 import importlib
-import inspect
 import sys
 
-from trl_compat._engine import Patch, needed, not_needed, undecided
+from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._source import code
 
 OLD = "_register_hooks_recursively"
 NEW = "_register_deepspeed_module"
@@ -70,10 +70,7 @@ def _offload_class():
 
 
 def probe(module):
-    try:
-        source = inspect.getsource(module.add_hooks)
-    except (OSError, TypeError) as exc:
-        return undecided(f"cannot read the source of trl.models.utils.add_hooks ({exc})")
+    source = code(module.add_hooks)
     if NEW in source:
         return not_needed(f"TRL's add_hooks already knows {NEW} (TRL >= 0.16.0 behaviour)")
     if OLD not in source:
@@ -106,7 +103,12 @@ def _wrap_add_hooks(original):
 
 
 def apply(module, patcher) -> None:
-    patcher.replace(module, "add_hooks", _wrap_add_hooks(module.add_hooks))
+    patcher.wrap(module, "add_hooks", _wrap_add_hooks)
+
+
+# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]},
+            "deepspeed": {"inside": ["0.16.4"], "outside": []}}
 
 
 PATCH = Patch(
@@ -118,8 +120,8 @@ PATCH = Patch(
     ),
     module="trl.models.utils",
     target="add_hooks",
-    # <=0.16.0.dev0: main-branch installs before the fix report 0.16.0.dev0; the probe decides.
-    requires={"trl": ">=0.14.0.dev0,<=0.16.0.dev0", "deepspeed": ">=0"},
+    # deepspeed: any installed one; the probe reads which method name it has.
+    requires={"trl": affected("0.14.0", "0.16.0"), "deepspeed": ">=0"},
     probe=probe,
     apply=apply,
     remove_when="trl_compat drops support for TRL < 0.16.0",

@@ -66,42 +66,41 @@ import functools
 import inspect
 import logging
 import os
-import re
 import sys
+import types
+import weakref
 
 from trl_compat import _engine
-from trl_compat._engine import Patch, needed, not_needed, undecided
+from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._source import Code, SourceUnavailable, code, normalise
 
 log = logging.getLogger("trl_compat")
 
 PATCH_ID = "zero3-unwrap"
 NAME = "unwrap_model_for_generation"
-GUARD = 'hasattr(model,"optimizer")'
+GUARD = 'hasattr(model, "optimizer")'
 BARE_CALL = "unwrap_model_for_generation(self.model,"
-
-
-def _squash(text: str) -> str:
-    return re.sub(r"\s+", "", text).replace("'", '"')
+_made: "weakref.WeakSet" = weakref.WeakSet()  # the wrappers this copy of trl_compat made
 
 
 def _has_guard(function) -> bool:
-    return GUARD in _squash(inspect.getsource(function))
+    return GUARD in code(function)
 
 
-def _grpo_source():
-    """The GRPO trainer's source text, without importing it; None if unreadable."""
+def _grpo_code():
+    """The GRPO trainer's code, without importing it; None if unreadable."""
     module = sys.modules.get("trl.trainer.grpo_trainer")
     if module is not None:
         try:
-            return inspect.getsource(module)
-        except (OSError, TypeError):
+            return code(module)
+        except SourceUnavailable:
             pass
     trl = sys.modules.get("trl")
     for base in getattr(trl, "__path__", None) or ():
         path = os.path.join(base, "trainer", "grpo_trainer.py")
         try:
             with open(path, encoding="utf-8") as handle:
-                return handle.read()
+                return Code(normalise(handle.read()))
         except OSError:
             continue
     return None
@@ -135,8 +134,8 @@ def _offload(engine):
 @functools.lru_cache(maxsize=None)
 def _knows_new_name(add_hooks) -> bool:
     try:
-        return "_register_deepspeed_module" in inspect.getsource(add_hooks)
-    except (OSError, TypeError):
+        return "_register_deepspeed_module" in code(add_hooks)
+    except SourceUnavailable:
         return False
 
 
@@ -196,7 +195,7 @@ def _unguarded(remove_hooks) -> bool:
     """TRL's remove_hooks lacks 0.15's ``hasattr(model, "optimizer")`` guard (0.14.0)."""
     try:
         return not _has_guard(remove_hooks)
-    except (OSError, TypeError):
+    except SourceUnavailable:
         return False
 
 
@@ -267,19 +266,15 @@ def _wrap_unwrap(original):
 
 
 def probe(module):
-    try:
-        guarded = _has_guard(module.remove_hooks)
-    except (AttributeError, OSError, TypeError) as exc:
-        return undecided(f"cannot read trl.models.utils.remove_hooks ({type(exc).__name__}: {exc})")
-    if not guarded:
+    if not _has_guard(module.remove_hooks):
         return needed(
             "trl.models.utils.remove_hooks reads model.optimizer without a guard: unwrapping the bare module "
             "under ZeRO-3 raises AttributeError ... has no attribute 'optimizer'"
         )
-    source = _grpo_source()
+    source = _grpo_code()
     if source is None:
         return undecided("cannot read trl/trainer/grpo_trainer.py to see which model GRPO unwraps")
-    if BARE_CALL in _squash(source):
+    if BARE_CALL in source:
         return needed(
             "GRPOTrainer unwraps self.model (the bare module, not the DeepSpeed engine): under ZeRO-3 the "
             "hooks stay in place during generation and parameters are re-gathered for every token"
@@ -289,8 +284,8 @@ def probe(module):
 
 def apply(module, patcher) -> None:
     original = getattr(module, NAME)
-    wrapper = _wrap_unwrap(original)
-    patcher.replace(module, NAME, wrapper)
+    wrapper = patcher.wrap(module, NAME, _wrap_unwrap)
+    _made.add(wrapper)
     # Modules that imported the name before us (trl.models caches it, trainers
     # import it from there); modules imported later get the wrapper anyway, and
     # keep that earlier wrapper after a revert: rebind those too on re-apply.
@@ -298,9 +293,15 @@ def apply(module, patcher) -> None:
         if other is None or other is module or not (name == "trl" or name.startswith("trl.")):
             continue
         bound = vars(other).get(NAME)
-        if bound is original or getattr(bound, _engine.MARKER, None) == PATCH_ID:
-            patcher.replace(other, NAME, wrapper)
+        if bound is original:
+            patcher.replace(other, NAME, wrapper, above=original)
+        elif isinstance(bound, types.FunctionType) and bound in _made and bound is not wrapper:
+            setattr(other, NAME, wrapper)  # our own earlier wrapper: not another copy's
+            patcher.on_undo(functools.partial(setattr, other, NAME, bound))
 
+
+# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0.dev0", "0.15.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}}
 
 PATCH = Patch(
     id=PATCH_ID,
@@ -314,8 +315,7 @@ PATCH = Patch(
     ),
     module="trl.models.utils",
     target=NAME,
-    # <=0.16.0.dev0: main installs before PR #2871 report 0.16.0.dev0; the probe decides.
-    requires={"trl": ">=0.14.0.dev0,<=0.16.0.dev0", "deepspeed": ">=0"},
+    requires={"trl": affected("0.14.0", "0.16.0"), "deepspeed": ">=0"},
     probe=probe,
     apply=apply,
     remove_when="trl_compat drops support for TRL < 0.16.0 (and 0.16.0.dev0 installs older than PR #2871)",
