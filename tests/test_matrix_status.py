@@ -13,8 +13,10 @@ CELL = os.environ.get("TRL_COMPAT_CELL")
 
 APPLIED = {
     "notrl": set(),
-    "trl0.14.0-tf4.46.3": {"zero3-unwrap", "logits-to-keep", "grpo-eval-0.14", "vllm-lora-names"},
-    "trl0.14.0-tf4.52.4": {"zero3-unwrap", "zero3-hooks-api", "logits-to-keep", "grpo-eval-0.14", "vllm-lora-names"},
+    "trl0.14.0-tf4.46.3": {"zero3-unwrap", "logits-to-keep", "grpo-eval-0.14", "vllm-lora-names",
+                           "logps-attention-mask"},
+    "trl0.14.0-tf4.52.4": {"zero3-unwrap", "zero3-hooks-api", "logits-to-keep", "grpo-eval-0.14", "vllm-lora-names",
+                           "logps-attention-mask"},
     "trl0.15.0-tf4.48.3": {"zero3-unwrap", "logits-to-keep", "vllm-merged-weights", "vllm-prefix-cache"},
     "trl0.15.2-tf4.48.3": {"zero3-unwrap", "zero3-hooks-api", "logits-to-keep", "vllm-prefix-cache"},
     "trl0.15.2-tf4.48.3-nopeft": {"peft-optional", "logits-to-keep", "vllm-prefix-cache"},

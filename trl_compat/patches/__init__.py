@@ -3,6 +3,7 @@
 from trl_compat.patches import (
     grpo_eval_014,
     logits_to_keep,
+    logps_attention_mask,
     peft_optional,
     train_sampler_signature,
     transformers5_grpo,
@@ -26,4 +27,6 @@ PATCHES = [
     vllm_lora_names.PATCH,
     vllm_merged_weights.PATCH,
     vllm_prefix_cache.PATCH,  # after vllm-merged-weights: it wraps the same method
+    # 0.14.0: wraps compute_loss (as does vllm-lora-names), scoping hooks to TRL's log-prob calls
+    logps_attention_mask.PATCH,
 ]
