@@ -109,6 +109,8 @@ def test_grpo_logps_are_those_of_the_unpadded_sequences(tmp_path):
 
 @needs_bug
 def test_bug_without_the_patch_pads_change_the_logps(tmp_path, unpatched):
+    import trl.trainer.grpo_trainer  # noqa: F401 - the trigger module
+
     with unpatched(PID):
         calls = _run(tmp_path)
     for call in calls.calls:

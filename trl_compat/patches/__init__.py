@@ -4,6 +4,7 @@ from trl_compat.patches import (
     grpo_eval_014,
     logits_to_keep,
     logps_attention_mask,
+    logps_temperature,
     peft_optional,
     train_sampler_signature,
     transformers5_grpo,
@@ -27,6 +28,7 @@ PATCHES = [
     vllm_lora_names.PATCH,
     vllm_merged_weights.PATCH,
     vllm_prefix_cache.PATCH,  # after vllm-merged-weights: it wraps the same method
-    # 0.14.0: wraps compute_loss (as does vllm-lora-names), scoping hooks to TRL's log-prob calls
+    # 0.14.0: both wrap compute_loss (as does vllm-lora-names), each scoping hooks to TRL's log-prob calls
     logps_attention_mask.PATCH,
+    logps_temperature.PATCH,  # 0.15: wraps _get_per_token_logps, above logits-to-keep
 ]
