@@ -5,6 +5,7 @@ from trl_compat.patches import (
     logits_to_keep,
     logps_attention_mask,
     logps_temperature,
+    pad_token,
     peft_optional,
     train_sampler_signature,
     transformers5_grpo,
@@ -31,4 +32,5 @@ PATCHES = [
     # 0.14.0: both wrap compute_loss (as does vllm-lora-names), each scoping hooks to TRL's log-prob calls
     logps_attention_mask.PATCH,
     logps_temperature.PATCH,  # 0.15: wraps _get_per_token_logps, above logits-to-keep
+    pad_token.PATCH,  # wraps __init__: sets the pad token before TRL reads it
 ]
