@@ -6,6 +6,7 @@ from trl_compat.patches import (
     logps_attention_mask,
     logps_temperature,
     pad_token,
+    peft_gradient_checkpointing,
     peft_optional,
     train_sampler_signature,
     transformers5_grpo,
@@ -33,4 +34,5 @@ PATCHES = [
     logps_attention_mask.PATCH,
     logps_temperature.PATCH,  # 0.15: wraps _get_per_token_logps, above logits-to-keep
     pad_token.PATCH,  # wraps __init__: sets the pad token before TRL reads it
+    peft_gradient_checkpointing.PATCH,  # wraps __init__: acts after it
 ]
