@@ -42,7 +42,11 @@ def test_status_for_the_installed_trl():
         assert status.target == "trl.trainer.grpo_trainer.GRPOTrainer.__init__"
     else:
         assert status.status == trl_compat.NOT_NEEDED, status
-        assert "_enable_gradient_checkpointing" in status.reason
+        if TRL >= Version("0.21"):
+            return  # the probe was written against TRL's code up to 0.20; the version gate decides beyond
+        # the probe recognises the fixed code too (what decides for main-branch builds in the window)
+        verdict = pgc.probe(trl.trainer.grpo_trainer)
+        assert verdict.needed is False and "_enable_gradient_checkpointing" in verdict.reason
 
 
 def _run(tmp_path):

@@ -4,7 +4,7 @@ Used by the ``logps-attention-mask`` and ``logps-temperature`` patches. GRPOTrai
 policy and the reference model for log-probs from one function:
 
 * ``GRPOTrainer._get_per_token_logps(self, model, input_ids, attention_mask, logits_to_keep)``
-  (TRL 0.15 - 0.19), or
+  (TRL 0.15 - 0.19; ``_get_per_token_logps_and_entropies`` from 0.20), or
 * ``get_per_token_logps(model, input_ids, logits_to_keep)``, a function nested in
   ``GRPOTrainer.compute_loss`` (TRL 0.14.0 and the 0.15.0.dev0 builds before PR #2762).
 
@@ -27,6 +27,7 @@ from trl_compat._source import Code, code, defining_class, unwrap
 
 NESTED = "get_per_token_logps"
 METHOD = "_get_per_token_logps"
+METHODS = (METHOD, "_get_per_token_logps_and_entropies")  # the latter from 0.20
 _MAX_DEPTH = 64  # frames between a hook and TRL's function: module __call__ layers, wrappers
 
 
@@ -34,6 +35,7 @@ class LogpsCaller(NamedTuple):
     """The function of the installed TRL that calls the models for log-probs."""
 
     kind: str  # METHOD or NESTED
+    name: str  # the GRPOTrainer method to wrap: the method itself, or compute_loss for NESTED
     where: str  # for reasons: "GRPOTrainer._get_per_token_logps" / "... nested in GRPOTrainer.compute_loss"
     code: Code  # its normalised source
     raw: types.CodeType  # its code object, to recognise its frames
@@ -43,9 +45,10 @@ def find(cls: type) -> Optional[LogpsCaller]:
     """TRL's log-prob function in ``cls`` (a GRPOTrainer), or None if it has neither form.
 
     Raises SourceUnavailable when the source cannot be read."""
-    if defining_class(cls, METHOD) is not None:
-        fn = unwrap(getattr(cls, METHOD))
-        return LogpsCaller(METHOD, f"GRPOTrainer.{METHOD}", code(fn), fn.__code__)
+    for name in METHODS:
+        if defining_class(cls, name) is not None:
+            fn = unwrap(getattr(cls, name))
+            return LogpsCaller(METHOD, name, f"GRPOTrainer.{name}", code(fn), fn.__code__)
     if defining_class(cls, "compute_loss") is None:
         return None
     outer = unwrap(cls.compute_loss)
@@ -53,7 +56,8 @@ def find(cls: type) -> Optional[LogpsCaller]:
                    if isinstance(c, types.CodeType) and c.co_name == NESTED), None)
     if nested is None:
         return None
-    return LogpsCaller(NESTED, f"the function {NESTED} nested in GRPOTrainer.compute_loss", code(nested), nested)
+    return LogpsCaller(NESTED, "compute_loss", f"the function {NESTED} nested in GRPOTrainer.compute_loss",
+                       code(nested), nested)
 
 
 def called_from(raw: types.CodeType) -> bool:

@@ -104,10 +104,10 @@ def _wrapper(original, raw, models_of):
 def apply(module, patcher) -> None:
     caller = _logps_calls.find(module.GRPOTrainer)
     if caller.kind == _logps_calls.METHOD:
-        name, models_of = _logps_calls.METHOD, (lambda self, model: [model])
+        models_of = lambda self, model: [model]  # noqa: E731
     else:  # nested in compute_loss, which also calls self.ref_model
-        name, models_of = "compute_loss", (lambda self, model: [model, getattr(self, "ref_model", None)])
-    patcher.wrap(module.GRPOTrainer, name, lambda original: _wrapper(original, caller.raw, models_of))
+        models_of = lambda self, model: [model, getattr(self, "ref_model", None)]  # noqa: E731
+    patcher.wrap(module.GRPOTrainer, caller.name, lambda original: _wrapper(original, caller.raw, models_of))
 
 
 PATCH = Patch(
