@@ -64,6 +64,7 @@ class LogpsCalls:
         self.pad = pad_token_id
         self.temperature = temperature
         self.calls = []
+        self.others = []  # (output, its logits when this hook saw them) of the policy's other forwards
         self.handles = []
         for role, module in (("policy", trainer.model), ("ref", getattr(trainer, "ref_model", None))):
             if isinstance(module, torch.nn.Module):
@@ -72,6 +73,10 @@ class LogpsCalls:
     def _hook(self, role):
         def record(module, args, kwargs, output):
             if not on_stack(self.raw):
+                # another forward of the same module (generate's): keep what it returned, to check
+                # later that nothing changed it after this hook
+                if role == "policy" and getattr(output, "logits", None) is not None and len(self.others) < 64:
+                    self.others.append((output, output.logits.detach().clone()))
                 return
             ids = args[0] if args else kwargs["input_ids"]
             keep = next(kwargs[name] for name in KEEP if name in kwargs)
@@ -96,6 +101,9 @@ class LogpsCalls:
     def trl_logps(self, call):
         """The log-probs TRL computed: from the logits it got back (after every hook ran)."""
         return logps_from_logits(call.output.logits.detach(), call.ids, call.k)
+
+    def others_untouched(self) -> bool:
+        return all(torch.equal(output.logits, seen) for output, seen in self.others)
 
     def remove(self):
         for handle in self.handles:

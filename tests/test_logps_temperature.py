@@ -115,3 +115,5 @@ def test_switched_on_log_probs_are_at_the_sampling_temperature(tmp_path, switch)
         torch.testing.assert_close(trl_logps, call.masked_t, atol=2e-5, rtol=1e-4)
         assert (trl_logps - call.masked).abs().max() > 0.05
         assert call.rows == call.k + 1  # logits-to-keep still delivers only the last K+1 logits
+    # generate's forwards of the same module are left alone (sampling stays at T, not T squared)
+    assert calls.others and calls.others_untouched()
