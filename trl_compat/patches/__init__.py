@@ -3,6 +3,10 @@
 from trl_compat.patches import (
     grpo_eval_014,
     logits_to_keep,
+    logps_attention_mask,
+    logps_temperature,
+    pad_token,
+    peft_gradient_checkpointing,
     peft_optional,
     train_sampler_signature,
     transformers5_grpo,
@@ -26,4 +30,9 @@ PATCHES = [
     vllm_lora_names.PATCH,
     vllm_merged_weights.PATCH,
     vllm_prefix_cache.PATCH,  # after vllm-merged-weights: it wraps the same method
+    # 0.14.0: both wrap compute_loss (as does vllm-lora-names), each scoping hooks to TRL's log-prob calls
+    logps_attention_mask.PATCH,
+    logps_temperature.PATCH,  # 0.15: wraps _get_per_token_logps, above logits-to-keep
+    pad_token.PATCH,  # wraps __init__: sets the pad token before TRL reads it
+    peft_gradient_checkpointing.PATCH,  # wraps __init__: acts after it
 ]

@@ -1,0 +1,123 @@
+"""logps-temperature: TRL < 0.16 samples at ``temperature`` but computes log-probs at temperature 1.
+
+OPT-IN: this patch changes the training objective, so it is off unless
+``TRL_COMPAT_LOGPS_TEMPERATURE=1`` is set before ``import trl``. Off, it reports "not needed" with a
+reason that names the switch, and logs that once at INFO.
+
+Remove this patch when trl_compat no longer supports TRL 0.14.0 - 0.15.x (nor 0.16.0.dev0 builds
+from before PR #3029, main commit 04f659737, 2025-03-12).
+
+The bug (PR #3029, "Fix temperature inconsistency in GRPO trainer"): completions are sampled at
+``GRPOConfig.temperature`` (default 0.9; ``GenerationConfig`` and vLLM's ``SamplingParams``), while
+the policy and reference log-probs, the importance ratio and the KL are computed from the raw
+logits, i.e. at temperature 1: the policy-gradient estimate is biased ("potentially causing highly
+biased policy gradients"). Silent. TRL 0.16.0 divides the logits by ``self.temperature`` in
+``_get_per_token_logps``.
+
+Affected: TRL 0.14.0 (the function nested in ``compute_loss``), 0.15.0 - 0.15.2
+(``GRPOTrainer._get_per_token_logps``), and the main-branch builds before 04f659737.
+
+Probe: TRL's log-prob function (see ``trl_compat._logps_calls``), comments dropped, never mentions
+``temperature``. Then the switch decides: on, "applied"; off, "not needed" (opt-in, off).
+
+Fix (switched on): while TRL's log-prob function runs (``_get_per_token_logps`` wrapped in 0.15;
+``compute_loss`` in 0.14.0), a forward hook on the module TRL calls divides the ``logits`` of the
+calls made from that function by ``args.temperature``, after the module's other hooks, as TRL
+0.16 does right after the forward. Nothing is done at temperature 1 (or a non-positive one), and
+``generate``'s forwards are never touched.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+
+from trl_compat import _logps_calls
+from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+
+log = logging.getLogger("trl_compat")
+
+PATCH_ID = "logps-temperature"
+SWITCH = "TRL_COMPAT_LOGPS_TEMPERATURE"
+
+
+def switched_on() -> bool:
+    return os.environ.get(SWITCH, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def probe(module):
+    caller = _logps_calls.find(module.GRPOTrainer)
+    if caller is None:
+        return undecided("GRPOTrainer has neither _get_per_token_logps nor a get_per_token_logps nested in "
+                         "compute_loss")
+    if "temperature" in caller.code:
+        return not_needed(f"{caller.where} divides the logits by the sampling temperature")
+    bug = (f"{caller.where} computes log-probs at temperature 1 while completions are sampled at "
+           "GRPOConfig.temperature (default 0.9)")
+    if not switched_on():
+        log.info("trl_compat: %s: TRL computes GRPO log-probs at temperature 1, not at the sampling temperature; "
+                 "set %s=1 to fix that (it changes the training objective)", PATCH_ID, SWITCH)
+        return not_needed(f"opt-in, off: {bug}; set {SWITCH}=1 to compute them at the sampling temperature as "
+                          "TRL 0.16 does (changes the training objective)")
+    return needed(f"{bug}; switched on by {SWITCH}: the logits of TRL's log-prob forwards are divided by it")
+
+
+def _temperature(trainer):
+    value = getattr(getattr(trainer, "args", None), "temperature", None)
+    if not isinstance(value, (int, float)) or value <= 0 or value == 1:
+        return None
+    return float(value)
+
+
+def _post_hook(temperature, raw):
+    def divide(module, args, kwargs, output):
+        logits = getattr(output, "logits", None)
+        if logits is None or not _logps_calls.called_from(raw):
+            return None
+        # In place on the ModelOutput TRL receives (attribute and key stay in step).
+        output.logits = logits / temperature
+        return None
+
+    return divide
+
+
+def _wrapper(original, raw, models_of):
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def wrapper(self, *args, **kwargs):
+        temperature = _temperature(self)
+        if temperature is None:
+            return original(self, *args, **kwargs)
+        try:
+            model = signature.bind_partial(self, *args, **kwargs).arguments.get("model")
+        except TypeError:
+            model = None
+        with _logps_calls.hooked(models_of(self, model), post=_post_hook(temperature, raw)):
+            return original(self, *args, **kwargs)
+
+    return wrapper
+
+
+def apply(module, patcher) -> None:
+    caller = _logps_calls.find(module.GRPOTrainer)
+    if caller.kind == _logps_calls.METHOD:
+        models_of = lambda self, model: [model]  # noqa: E731
+    else:  # nested in compute_loss, which also calls self.ref_model
+        models_of = lambda self, model: [model, getattr(self, "ref_model", None)]  # noqa: E731
+    patcher.wrap(module.GRPOTrainer, caller.name, lambda original: _wrapper(original, caller.raw, models_of))
+
+
+PATCH = Patch(
+    id=PATCH_ID,
+    summary=f"opt-in ({SWITCH}=1): compute GRPO log-probs at the sampling temperature, as TRL 0.16 does",
+    upstream="https://github.com/huggingface/trl/pull/3029 (fixed in 0.16.0)",
+    module="trl.trainer.grpo_trainer",
+    target="GRPOTrainer",
+    requires={"trl": affected("0.14.0", "0.16.0")},
+    probe=probe,
+    apply=apply,
+    remove_when="TRL 0.15.x is no longer supported",
+)
