@@ -4,6 +4,7 @@ from trl_compat.patches import (
     grpo_eval_014,
     logits_to_keep,
     peft_optional,
+    resume_buffered_inputs,
     train_sampler_signature,
     transformers5_grpo,
     transformers5_import,
@@ -26,4 +27,5 @@ PATCHES = [
     vllm_lora_names.PATCH,
     vllm_merged_weights.PATCH,
     vllm_prefix_cache.PATCH,  # after vllm-merged-weights: it wraps the same method
+    resume_buffered_inputs.PATCH,
 ]
