@@ -5,6 +5,7 @@ from trl_compat.patches import (
     logits_to_keep,
     peft_optional,
     resume_buffered_inputs,
+    reward_model_zero3,
     train_sampler_signature,
     transformers5_grpo,
     transformers5_import,
@@ -28,4 +29,5 @@ PATCHES = [
     vllm_merged_weights.PATCH,
     vllm_prefix_cache.PATCH,  # after vllm-merged-weights: it wraps the same method
     resume_buffered_inputs.PATCH,
+    reward_model_zero3.PATCH,
 ]
