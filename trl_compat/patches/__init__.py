@@ -1,6 +1,7 @@
 """The patches, one module each. A new patch is one module here plus its tests."""
 
 from trl_compat.patches import (
+    dataloader_workers,
     grpo_eval_014,
     logits_to_keep,
     peft_optional,
@@ -24,6 +25,7 @@ PATCHES = [
     zero3_hooks_api.PATCH,
     logits_to_keep.PATCH,
     train_sampler_signature.PATCH,
+    dataloader_workers.PATCH,
     grpo_eval_014.PATCH,
     vllm_lora_names.PATCH,
     vllm_merged_weights.PATCH,
