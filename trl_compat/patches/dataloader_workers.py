@@ -8,8 +8,8 @@ The bugs (TRL issues #3544, #2979, #3567; fixed by PR #3568 in 0.18.2 and 0.19.0
 a) TRL 0.17.0 - 0.18.1 override ``get_train_dataloader`` and pass transformers'
    ``seed_worker`` itself as ``worker_init_fn``. transformers 4.52 (PR #37980) made it
    ``seed_worker(worker_id, num_workers, rank)``, so every worker dies on start and
-   ``train()`` raises ``TypeError: Caught TypeError in DataLoader worker process 0`` (
-   ``seed_worker() missing 2 required positional arguments: 'num_workers' and 'rank'``).
+   ``train()`` raises ``TypeError: Caught TypeError in DataLoader worker process 0``, from
+   ``seed_worker() missing 2 required positional arguments: 'num_workers' and 'rank'``.
    TRL 0.18.2 passes ``partial(seed_worker, num_workers=..., rank=args.process_index)``.
 b) TRL 0.14.0 - 0.18.1 hand the Trainer a collator defined inside ``GRPOTrainer.__init__``.
    Workers started by *spawn* (the default on macOS and Windows, or

@@ -4,7 +4,7 @@ Remove this patch when trl_compat no longer supports TRL 0.16.x (nor 0.17.0.dev0
 before PR #3148, commit 488025cd8).
 
 The bug (TRL PR #3148, no issue filed): with ``num_iterations > 1`` (multiple GRPO updates per
-generation, added in 0.16.0 by PR #3073), ``GRPOTrainer._prepare_inputs`` generates only when
+generation, added in 0.16.0 by PR #2899), ``GRPOTrainer._prepare_inputs`` generates only when
 ``state.global_step % num_iterations == 0`` and otherwise returns
 ``self._buffered_inputs[self._step % gradient_accumulation_steps]``, a buffer that lives in
 memory only. A run resumed from a checkpoint saved mid-iteration (``global_step %
@@ -13,7 +13,7 @@ num_iterations != 0``) starts with a buffer of ``None`` and hands ``None`` to ``
 ``TypeError: 'NoneType' object is not subscriptable``. TRL 0.17.0 generates when the buffered
 slot is ``None``.
 
-Affected: TRL 0.16.0, 0.16.1 and the main-branch builds between PR #3073 and PR #3148
+Affected: TRL 0.16.0, 0.16.1 and the main-branch builds between PR #2899 and PR #3148
 (0.16.0.dev0, 0.17.0.dev0).
 
 Probe: the source of ``GRPOTrainer._prepare_inputs`` reuses ``self._buffered_inputs[...]``

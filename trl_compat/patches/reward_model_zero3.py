@@ -10,8 +10,7 @@ module's own weights are empty. GRPOTrainer then only calls
 ``accelerator.prepare_model(reward_func, evaluation_mode=True)``, which attaches no DeepSpeed
 engine: nothing gathers the weights before a forward. The first reward computation dies in the
 embedding, ``AssertionError: Padding_idx must be within num_embeddings`` (an empty weight with
-``padding_idx > 0``; with ``padding_idx`` 0, an ``IndexError``). A reward model instance built
-inside the same ZeRO-3 context fails the same way. TRL 0.17.0 prepares it with
+``padding_idx > 0``). TRL 0.17.0 prepares it with
 ``prepare_deepspeed`` like the reference model.
 
 Affected: TRL 0.14.0 - 0.16.1 (and main-branch builds up to PR #3326) with deepspeed installed
