@@ -169,3 +169,28 @@ def varying_reward(prompts: Iterable[Any], completions: Iterable[Any], **kwargs:
         text = "".join(words)
         rewards.append(float(text.count("a")) + 0.5 * text.count("o") + 0.01 * len(set(words)))
     return rewards
+
+
+REWARD_PAD = UNK  # a pad token with id > 0: the embedding's padding_idx is then checked against its size
+
+
+def make_reward_model(seed: int = 1, **overrides: Any):
+    """Tiny random-init ``Qwen2ForSequenceClassification`` with one label (a reward model), float32.
+
+    Its pad token is ``REWARD_PAD`` (id 2), so ``config.pad_token_id`` and the embedding's
+    ``padding_idx`` are 2, as with real reward models whose pad token is not id 0."""
+    from transformers import Qwen2ForSequenceClassification
+
+    config = model_config("qwen2", num_labels=1, pad_token_id=SPECIAL_TOKENS.index(REWARD_PAD), **overrides)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForSequenceClassification(config)
+    return model.to(torch.float32).eval()
+
+
+def save_tiny_reward(path: str | os.PathLike, seed: int = 1) -> str:
+    """``make_reward_model(seed)`` and a tokenizer padding with ``REWARD_PAD`` saved to ``path``, for
+    ``GRPOTrainer(reward_funcs=<path>)``, which loads it with ``AutoModelForSequenceClassification``."""
+    tokenizer = make_tokenizer()
+    tokenizer.pad_token = REWARD_PAD
+    return save_tiny(path, model=make_reward_model(seed), tokenizer=tokenizer)

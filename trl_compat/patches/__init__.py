@@ -1,6 +1,7 @@
 """The patches, one module each. A new patch is one module here plus its tests."""
 
 from trl_compat.patches import (
+    dataloader_workers,
     grpo_eval_014,
     logits_to_keep,
     logps_attention_mask,
@@ -8,6 +9,8 @@ from trl_compat.patches import (
     pad_token,
     peft_gradient_checkpointing,
     peft_optional,
+    resume_buffered_inputs,
+    reward_model_zero3,
     train_sampler_signature,
     transformers5_grpo,
     transformers5_import,
@@ -26,6 +29,7 @@ PATCHES = [
     zero3_hooks_api.PATCH,
     logits_to_keep.PATCH,
     train_sampler_signature.PATCH,
+    dataloader_workers.PATCH,
     grpo_eval_014.PATCH,
     vllm_lora_names.PATCH,
     vllm_merged_weights.PATCH,
@@ -35,4 +39,6 @@ PATCHES = [
     logps_temperature.PATCH,  # 0.15: wraps _get_per_token_logps, above logits-to-keep
     pad_token.PATCH,  # wraps __init__: sets the pad token before TRL reads it
     peft_gradient_checkpointing.PATCH,  # wraps __init__: acts after it
+    resume_buffered_inputs.PATCH,
+    reward_model_zero3.PATCH,
 ]

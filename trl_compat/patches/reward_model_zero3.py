@@ -1,0 +1,99 @@
+"""reward-model-zero3: a model as GRPO reward function works under DeepSpeed ZeRO-3.
+
+Remove this patch when trl_compat no longer supports TRL < 0.17.0 (nor 0.17.0.dev0 builds from
+before PR #3326, commit 89556c8cb).
+
+The bug (TRL issue #3202; fixed by PR #3326 in 0.17.0): under ZeRO-3, a reward model given as a
+path (``reward_funcs="org/reward-model"``) is loaded by ``AutoModelForSequenceClassification.
+from_pretrained`` inside DeepSpeed's ``zero.Init``, so every rank holds only its shard and the
+module's own weights are empty. GRPOTrainer then only calls
+``accelerator.prepare_model(reward_func, evaluation_mode=True)``, which attaches no DeepSpeed
+engine: nothing gathers the weights before a forward. The first reward computation dies in the
+embedding, ``AssertionError: Padding_idx must be within num_embeddings`` (an empty weight with
+``padding_idx > 0``). TRL 0.17.0 prepares it with
+``prepare_deepspeed`` like the reference model.
+
+Affected: TRL 0.14.0 - 0.16.1 (and main-branch builds up to PR #3326) with deepspeed installed
+and ZeRO stage 3 in use.
+
+Probe: the source of ``GRPOTrainer.__init__`` prepares reward models with
+``self.accelerator.prepare_model(reward_func, evaluation_mode=True)`` and never with
+``prepare_deepspeed``.
+
+Fix: after ``GRPOTrainer.__init__``, under ZeRO stage 3 only (stages 1-2 load whole weights, and
+TRL's path works), each ``PreTrainedModel`` reward function is given to TRL's own
+``prepare_deepspeed`` (what 0.17.0 does): a ZeRO-3 inference engine whose hooks, registered on
+the model's modules, gather each layer's weights for its forward. The model itself stays in
+``reward_funcs`` (TRL 0.14 scores only ``PreTrainedModel`` instances as models, and names them
+from ``config``); its engine is kept in ``trainer._trl_compat_reward_engines``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._source import code
+
+PATCH_ID = "reward-model-zero3"
+
+ACCELERATE_ONLY = "self.reward_funcs[i] = self.accelerator.prepare_model(reward_func, evaluation_mode=True)"
+
+
+def probe(module):
+    source = code(module.GRPOTrainer.__init__)
+    if "prepare_deepspeed(reward_func" in source:
+        return not_needed("GRPOTrainer.__init__ prepares reward models with prepare_deepspeed")
+    if ACCELERATE_ONLY in source:
+        if not hasattr(module, "prepare_deepspeed"):
+            return undecided("GRPOTrainer.__init__ leaves reward models unprepared for ZeRO-3, but its module "
+                             "has no prepare_deepspeed to fix that with")
+        return needed("GRPOTrainer.__init__ prepares reward models with accelerator.prepare_model only: under "
+                      "ZeRO-3 their weights stay partitioned and the first reward forward fails")
+    return undecided("GRPOTrainer.__init__ prepares reward models in a form trl_compat does not know")
+
+
+def _zero_stage(trainer):
+    if not getattr(trainer, "is_deepspeed_enabled", False):
+        return None
+    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+    config = getattr(plugin, "deepspeed_config", None) or {}
+    return (config.get("zero_optimization") or {}).get("stage")
+
+
+def _init_factory(module):
+    from transformers import PreTrainedModel
+
+    def factory(original):
+        @functools.wraps(original)
+        def __init__(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            if _zero_stage(self) != 3:
+                return
+            engines = []
+            for reward_func in getattr(self, "reward_funcs", None) or ():
+                if isinstance(reward_func, PreTrainedModel):
+                    engines.append(module.prepare_deepspeed(reward_func, self.accelerator))
+            self._trl_compat_reward_engines = engines
+
+        return __init__
+
+    return factory
+
+
+def apply(module, patcher):
+    patcher.wrap(module.GRPOTrainer, "__init__", _init_factory(module))
+
+
+PATCH = Patch(
+    id=PATCH_ID,
+    summary="DeepSpeed ZeRO-3: a model given as reward function was left partitioned and its first forward "
+            "failed (Padding_idx must be within num_embeddings); prepare it with prepare_deepspeed",
+    upstream="https://github.com/huggingface/trl/issues/3202 (fixed by PR #3326 in 0.17.0)",
+    module="trl.trainer.grpo_trainer",
+    target="GRPOTrainer",
+    requires={"trl": affected("0.14.0", "0.17.0"), "deepspeed": ">=0"},
+    probe=probe,
+    apply=apply,
+    remove_when="trl_compat no longer supports TRL < 0.17.0",
+)
