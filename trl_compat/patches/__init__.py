@@ -8,8 +8,11 @@ from trl_compat.patches import (
     transformers5_grpo,
     transformers5_import,
     vllm_lora_names,
+    vllm_double_bos,
     vllm_merged_weights,
     vllm_prefix_cache,
+    vllm_prompt_special_tokens,
+    vllm_prompt_truncation,
     zero3_hooks_api,
     zero3_unwrap,
 )
@@ -26,4 +29,8 @@ PATCHES = [
     vllm_lora_names.PATCH,
     vllm_merged_weights.PATCH,
     vllm_prefix_cache.PATCH,  # after vllm-merged-weights: it wraps the same method
+    # the three wrap the same generation method; each corrects only its own part of vLLM's prompt
+    vllm_prompt_truncation.PATCH,
+    vllm_prompt_special_tokens.PATCH,
+    vllm_double_bos.PATCH,
 ]
