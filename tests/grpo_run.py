@@ -147,6 +147,9 @@ def make_config(output_dir: Union[str, os.PathLike], *, steps: int = 3, use_vllm
         # vllm_mode is 0.18+'s
         kwargs.update(use_vllm=True, vllm_device="cpu", vllm_dtype="float32", vllm_gpu_memory_utilization=0.5,
                       vllm_mode="colocate")
+        # TRL 0.19.0's colocate mode does generation_kwargs.update(self.args.generation_kwargs), whose
+        # default is None: TypeError: 'NoneType' object is not iterable (fixed in 0.19.1)
+        kwargs.update(generation_kwargs={})
     kwargs.update(overrides)
     fields = grpo_config_fields()
     dropped = sorted(k for k in kwargs if k not in fields)

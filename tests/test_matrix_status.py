@@ -29,7 +29,7 @@ APPLIED = {
     "trl0.16.1-tf4.52.4": {"train-sampler-signature"},
     "trl0.17.0-tf4.46.3": {"logits-to-keep"},
     "trl0.18.2-tf4.52.4": {"vllm-prompt-truncation", "vllm-double-bos"},
-    "trl0.19.0-tf4.52.4": {"vllm-prompt-special-tokens", "vllm-double-bos"},
+    "trl0.19.0-tf4.52.4": {"logits-to-keep", "vllm-prompt-special-tokens", "vllm-double-bos"},
     "trl0.19.1-tf4.53.3": {"logits-to-keep"},
     "trl0.19.1-tf5.23.0": {"transformers5-import", "transformers5-grpo", "logits-to-keep"},
     "trl-newest": set(),
