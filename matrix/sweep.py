@@ -59,6 +59,10 @@ KNOWN = {
     "train-sampler-signature": lambda v, vs: V("0.15.0") <= v < V("0.17.0") and _v(vs, "transformers") >= V("4.52.0"),
     "grpo-eval-0.14": lambda v, vs: v == V("0.14.0"),
     "vllm-prefix-cache": lambda v, vs: V("0.15.0") <= v < V("0.16.0"),
+    # research/further-bugs.md S1-S3 (issue 13); GRPO's use_vllm needs vllm installed
+    "vllm-prompt-truncation": lambda v, vs: _v(vs, "vllm") is not None and V("0.14.0") <= v < V("0.19.0"),
+    "vllm-prompt-special-tokens": lambda v, vs: _v(vs, "vllm") is not None and v == V("0.19.0"),
+    "vllm-double-bos": lambda v, vs: _v(vs, "vllm") is not None and V("0.14.0") <= v < V("0.24.0"),
 }
 
 # Main-branch commits (reporting X.dev0) around the windows' bounds, with what research found in

@@ -14,16 +14,17 @@ Only keys that the installed ``GRPOConfig`` has are passed (the rest are listed 
 report_to="none", save_strategy="no", logging_steps=1, max_steps=steps, max_prompt_length=16,
 max_completion_length=8, learning_rate=1e-3, seed=0, bf16=False (TRL >= 0.19 defaults to bf16).
 
-``use_vllm=True`` runs TRL's *colocated* vLLM path (``self.llm = LLM(...)``, TRL 0.14 / 0.15.x)
-against the test stand-in in ``tests/vllm_standin`` (which must be pip-installed into the venv).
-What the CPU-only machine needs: ``vllm_device="cpu"`` (the default ``"auto"`` resolves to
-``cuda:N`` and fails TRL's ``N >= torch.cuda.device_count()`` check), a model that
-``LLM(model=model.name_or_path)`` can load, i.e. a local directory (a model instance is always
-saved to ``tmpdir`` first and its ``name_or_path`` pointed there; TRL 0.19 also reloads the
-reference model from it when beta != 0), and on 0.15 ``vllm_dtype="float32"``
-(else the stand-in follows vLLM's ``"auto"`` rule and runs a float32 checkpoint in float16; 0.14
-has no such field and always passes ``dtype="auto"``). TRL >= 0.16 only talks to a vLLM *server*
-(``vllm_mode="server"``; 0.18+ also has a colocate mode that is not wired here):
+``use_vllm=True`` runs TRL's *colocated* vLLM path against the test stand-in in
+``tests/vllm_standin`` (which must be pip-installed into the venv): the in-process
+``self.llm = LLM(...)`` of TRL 0.14 / 0.15.x, and ``vllm_mode="colocate"`` of TRL 0.18 / 0.19
+(set here; ``make_trainer(..., vllm_mode=...)`` overrides it). What the CPU-only machine needs:
+``vllm_device="cpu"`` (0.14/0.15: the default ``"auto"`` resolves to ``cuda:N`` and fails TRL's
+``N >= torch.cuda.device_count()`` check), a model that ``LLM(model=model.name_or_path)`` can load,
+i.e. a local directory (a model instance is always saved to ``tmpdir`` first and its
+``name_or_path`` pointed there; TRL 0.19 also reloads the reference model from it when beta != 0),
+and on 0.15 ``vllm_dtype="float32"`` (else the stand-in follows vLLM's ``"auto"`` rule and runs a
+float32 checkpoint in float16; 0.14 and 0.18/0.19's colocate mode pass no dtype, so ``"auto"``).
+TRL 0.16 / 0.17 only talk to a vLLM *server*, and TRL >= 0.20's colocate mode is not wired here:
 ``make_trainer(use_vllm=True)`` raises ``VLLMPathUnsupported``, a ``pytest.skip`` exception, there.
 """
 
@@ -70,6 +71,12 @@ def has_colocated_vllm() -> bool:
     return trl_version()[:2] < (0, 16)
 
 
+def has_colocate_mode() -> bool:
+    """True for TRL 0.18 / 0.19, whose ``vllm_mode="colocate"`` builds an in-process ``vllm.LLM``
+    on every process (``distributed_executor_backend="external_launcher"``)."""
+    return (0, 18) <= trl_version()[:2] < (0, 20)
+
+
 def standin_vllm_installed() -> bool:
     """True when the ``vllm`` distribution installed is this repo's stand-in (not a real vLLM)."""
     import importlib.metadata
@@ -92,10 +99,10 @@ def vllm_unsupported_reason() -> Optional[str]:
 
     if not standin_vllm_installed():
         return "the vLLM stand-in is not installed (pip install ./tests/vllm_standin)"
-    if not has_colocated_vllm():
+    if not has_colocated_vllm() and not has_colocate_mode():
         return (
-            f"TRL {trl.__version__}: use_vllm goes through a vLLM server client (TRL >= 0.16); "
-            "only TRL 0.14/0.15's colocated LLM(...) path is wired to the stand-in"
+            f"TRL {trl.__version__}: only TRL 0.14/0.15's colocated LLM(...) and TRL 0.18/0.19's "
+            "vllm_mode='colocate' are wired to the stand-in (0.16/0.17 only have the vLLM server client)"
         )
     from trl.import_utils import is_vllm_available
 
@@ -136,7 +143,13 @@ def make_config(output_dir: Union[str, os.PathLike], *, steps: int = 3, use_vllm
         dataloader_pin_memory=False,
     )
     if use_vllm:
-        kwargs.update(use_vllm=True, vllm_device="cpu", vllm_dtype="float32", vllm_gpu_memory_utilization=0.5)
+        # fields a version lacks are dropped below: vllm_device/vllm_dtype are 0.14/0.15's,
+        # vllm_mode is 0.18+'s
+        kwargs.update(use_vllm=True, vllm_device="cpu", vllm_dtype="float32", vllm_gpu_memory_utilization=0.5,
+                      vllm_mode="colocate")
+        # TRL 0.19.0's colocate mode does generation_kwargs.update(self.args.generation_kwargs), whose
+        # default is None: TypeError: 'NoneType' object is not iterable (fixed in 0.19.1)
+        kwargs.update(generation_kwargs={})
     kwargs.update(overrides)
     fields = grpo_config_fields()
     dropped = sorted(k for k in kwargs if k not in fields)

@@ -13,6 +13,10 @@ from an in-code config, and the dataset is made in memory.
   intermediate 256, untied embeddings, float32.
 * ``save_tiny(path, arch)``  model + tokenizer saved to a directory, for ``GRPOTrainer(model=<path>)``,
   DeepSpeed ZeRO-3 runs (which need a path) and the vLLM stand-in (which loads from a path).
+* ``make_llama3_tokenizer()``  the same kind of tokenizer, Llama-3-style: it adds a BOS
+  (``<|begin_of_text|>``) to every text it encodes with special tokens, and its chat template
+  writes the BOS text itself, with ``<|start_header_id|>``/``<|end_header_id|>``/``<|eot_id|>``
+  around each turn. Also 512 entries (usable with ``make_model``).
 * ``prompt_dataset(n)``  ``datasets.Dataset`` with a plain-text ``"prompt"`` column.
 * ``varying_reward``  deterministic reward that differs between completions, so GRPO advantages
   are non-zero. (The random model never emits EOS, so a length reward would be constant.)
@@ -72,6 +76,58 @@ def make_tokenizer():
     # Belt and braces: some transformers versions only honour these as attributes.
     tokenizer.padding_side = "left"
     tokenizer.model_input_names = ["input_ids", "attention_mask"]
+    return tokenizer
+
+
+BOS = "<|begin_of_text|>"
+LLAMA3_SPECIAL_TOKENS = (PAD, EOS, UNK, BOS, "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+LLAMA3_ROLES = ("system", "user", "assistant")
+LLAMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}<|end_header_id|> "
+    "{{ message['content'] }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|> {% endif %}"
+)
+
+
+def llama3_vocab_words() -> list[str]:
+    """The plain words of ``make_llama3_tokenizer``'s vocabulary (the roles, then CVCV words)."""
+    return list(LLAMA3_ROLES) + vocab_words()[: VOCAB_SIZE - len(LLAMA3_SPECIAL_TOKENS) - len(LLAMA3_ROLES)]
+
+
+def make_llama3_tokenizer():
+    """A Llama-3-style ``PreTrainedTokenizerFast`` (512 entries), built in code.
+
+    Ids: ``<pad>`` 0, ``</s>`` 1 (EOS), ``<unk>`` 2, ``<|begin_of_text|>`` 3 (BOS),
+    ``<|start_header_id|>`` 4, ``<|end_header_id|>`` 5, ``<|eot_id|>`` 6, then the roles and words of
+    ``llama3_vocab_words()``. Encoding with special tokens (the default; what vLLM does) prepends
+    the BOS, as Llama 3's post-processor does; the chat template starts with the BOS text, so
+    ``tok(tok.apply_chat_template(msgs, tokenize=False))`` starts with two BOS ids.
+    """
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from tokenizers.processors import TemplateProcessing
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(list(LLAMA3_SPECIAL_TOKENS) + llama3_vocab_words())}
+    assert len(vocab) == VOCAB_SIZE
+    backend = Tokenizer(WordLevel(vocab=vocab, unk_token=UNK))
+    backend.pre_tokenizer = WhitespaceSplit()
+    backend.post_processor = TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B",
+                                                special_tokens=[(BOS, vocab[BOS])])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=BOS,
+        pad_token=PAD,
+        eos_token=EOS,
+        unk_token=UNK,
+        additional_special_tokens=list(LLAMA3_SPECIAL_TOKENS[4:]),
+        padding_side="left",
+        model_input_names=["input_ids", "attention_mask"],
+    )
+    tokenizer.padding_side = "left"
+    tokenizer.model_input_names = ["input_ids", "attention_mask"]
+    tokenizer.chat_template = LLAMA3_CHAT_TEMPLATE
     return tokenizer
 
 

@@ -15,8 +15,11 @@ from trl_compat.patches import (
     transformers5_grpo,
     transformers5_import,
     vllm_lora_names,
+    vllm_double_bos,
     vllm_merged_weights,
     vllm_prefix_cache,
+    vllm_prompt_special_tokens,
+    vllm_prompt_truncation,
     zero3_hooks_api,
     zero3_unwrap,
 )
@@ -41,4 +44,8 @@ PATCHES = [
     peft_gradient_checkpointing.PATCH,  # wraps __init__: acts after it
     resume_buffered_inputs.PATCH,
     reward_model_zero3.PATCH,
+    # the three wrap the same generation method; each corrects only its own part of vLLM's prompt
+    vllm_prompt_truncation.PATCH,
+    vllm_prompt_special_tokens.PATCH,
+    vllm_double_bos.PATCH,
 ]

@@ -1,4 +1,5 @@
-"""TEST-ONLY stand-in for vLLM 0.7.2 (distribution name ``vllm``, version ``0.7.2``).
+"""TEST-ONLY stand-in for vLLM 0.7.2 (distribution name ``vllm``, version ``0.7.2``; installed
+from ``tests/vllm_standin/v0.9.1`` the same code calls itself ``0.9.1``, see below).
 
 This is NOT vLLM. It lives in trl_compat's ``tests/vllm_standin`` and is installed into test
 venvs only (``pip install ./tests/vllm_standin``) so that TRL's ``is_vllm_available()`` is True and
@@ -17,6 +18,12 @@ Reproduced faithfully (vLLM 0.7.2, tp=1, pp=1, no quantization):
   vLLM's silent truncation of a too-large shard at tp=1), vocab padded to a multiple of 64; returns
   the set of loaded vLLM names. See ``vllm/model_executor/models.py``.
 * ``dtype="auto"``: float32 checkpoints run in float16 (vLLM's GPU rule); ``"float32"`` etc. honoured.
+* Prompts as vLLM's input preprocessing takes them: a text prompt (``str`` / ``{"prompt": ...}``)
+  is encoded by the model's tokenizer with ``add_special_tokens=True`` (a BOS-adding tokenizer
+  prepends a BOS even to a text that starts with the BOS text: two BOS ids), a token prompt
+  (``{"prompt_token_ids": [...]}``, ``TokensPrompt``) is used as given; a prompt longer than
+  ``max_model_len`` (default: the config's ``max_position_embeddings``) is rejected with vLLM's
+  ``ValueError: The decoder prompt (length N) is longer than the maximum model length of M. ...``.
 * ``LLM.generate(prompts, sampling_params, use_tqdm=...)`` really samples with the weights last
   loaded (a Hugging Face twin model whose weights are unpacked from the packed parameters), returns
   ``RequestOutput`` objects (``.prompt``, ``.prompt_token_ids``, ``.outputs[i].token_ids`` / ``.text``
@@ -35,7 +42,9 @@ Reproduced faithfully (vLLM 0.7.2, tp=1, pp=1, no quantization):
 Test instrumentation (not in vLLM): ``model.received_names`` (a list of name lists, one per
 ``load_weights`` call after construction, recorded even when the call raises), ``model.loaded_names``,
 ``model.weights_version``, ``model.hf_state_dict()`` (current weights unpacked to HF names/shapes),
-``llm.generate_calls``, ``llm.prefix_cache_resets``, ``llm.prefix_cache_log``,
+``llm.generate_calls``, ``llm.received_prompt_ids`` (per ``generate()`` call, the prompt token ids of
+each request as vLLM would have run them, recorded even when the call is rejected),
+``llm.prefix_cache_resets``, ``llm.prefix_cache_log``,
 ``llm.engine_kwargs`` / ``llm.init_kwargs``.
 
 Not reproduced: the engine itself (scheduler, paged KV cache, KV reuse from the prefix cache, CUDA graphs), GPU
@@ -44,9 +53,23 @@ guided decoding, beam search, the vLLM server / NCCL weight sync used by TRL >= 
 (``vllm.distributed...`` and other modules newer TRL imports exist as import-only placeholders that
 raise ``NotImplementedError`` when used), any architecture other than Qwen2 / Llama, and the CPU
 platform's own dtype rules. Numerics match a Hugging Face forward, not vLLM's kernels.
+
+Versions: ``pip install ./tests/vllm_standin`` installs it as ``vllm 0.7.2`` (the vLLM TRL 0.14 /
+0.15 ran with); ``pip install ./tests/vllm_standin/v0.9.1`` installs the very same package (its
+``vllm`` directory is a symlink to this one) as ``vllm 0.9.1``, the release TRL 0.18 / 0.19 were
+used with, whose ``colocate`` mode builds ``LLM(..., distributed_executor_backend="external_launcher",
+max_model_len=max_prompt_length + max_completion_length, ...)`` and reaches the same
+``llm_engine.model_executor.driver_worker.model_runner.model``, ``generate`` and
+``reset_prefix_cache``. Behaviour does not depend on the version; ``__version__`` is the installed
+distribution's.
 """
 
-__version__ = "0.7.2"
+import importlib.metadata as _metadata
+
+try:
+    __version__ = _metadata.version("vllm")
+except _metadata.PackageNotFoundError:  # imported from the source tree
+    __version__ = "0.7.2"
 __stand_in__ = True  # lets tests tell this apart from a real vLLM
 
 from .entrypoints.llm import LLM  # noqa: E402

@@ -141,6 +141,7 @@ class LLM:
         self._seed_gen = torch.Generator().manual_seed(seed)
         self._request_counter = itertools.count()
         self.generate_calls = 0
+        self.received_prompt_ids: list[list[list[int]]] = []  # per generate() call: each request's prompt ids
         self.prefix_cache_resets = 0
         # Automatic prefix caching as vLLM 0.7's block manager keeps it: full blocks of prompt
         # tokens, keyed by their content and everything before them, never by the weights that
@@ -197,14 +198,29 @@ class LLM:
             self._synced_version = packed.weights_version
 
     def _prompt_ids(self, prompt: Any) -> tuple[Optional[str], list[int]]:
+        """vLLM's input preprocessing: a text prompt (``str`` or ``{"prompt": ...}``, i.e.
+        ``TextPrompt``) is encoded by the model's tokenizer *with* its special tokens
+        (``add_special_tokens=True``: a BOS-adding tokenizer puts a BOS in front, even when the text
+        already starts with the BOS text); a token prompt (``{"prompt_token_ids": [...]}``, i.e.
+        ``TokensPrompt``) is used as given."""
         if isinstance(prompt, str):
-            return prompt, list(self.tokenizer(prompt).input_ids)
+            return prompt, list(self.tokenizer(prompt, add_special_tokens=True).input_ids)
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+                return prompt.get("prompt"), [int(i) for i in prompt["prompt_token_ids"]]
             if "prompt" in prompt:
-                return prompt["prompt"], list(self.tokenizer(prompt["prompt"]).input_ids)
+                return prompt["prompt"], list(self.tokenizer(prompt["prompt"], add_special_tokens=True).input_ids)
         raise TypeError(f"vllm stand-in: unsupported prompt type {type(prompt).__name__}")
+
+    def _validate_prompt(self, ids: list) -> None:
+        # vLLM's LLMEngine._validate_model_inputs (V0, 0.7 - 0.9; V1's Processor says the same from 0.9)
+        if not ids:
+            raise ValueError("The decoder prompt cannot be empty")
+        if len(ids) > self.max_model_len:
+            raise ValueError(
+                f"The decoder prompt (length {len(ids)}) is longer than the maximum model length of "
+                f"{self.max_model_len}. Make sure that `max_model_len` is no smaller than the number of text tokens."
+            )
 
     # -- generation ---------------------------------------------------------------------------------
     def generate(
@@ -236,15 +252,16 @@ class LLM:
         self.generate_calls += 1
         self._sync_hf_model()
         requests = []
+        # recorded before validation, so a test sees what a rejected call carried too
+        received: list[list[int]] = []
+        self.received_prompt_ids.append(received)
         for prompt, sp in zip(prompts, params_list):
             unsupported = sp.unsupported_fields()
             if unsupported:
                 raise NotImplementedError(f"vllm stand-in: SamplingParams fields not supported: {unsupported}")
             text, ids = self._prompt_ids(prompt)
-            if len(ids) > self.max_model_len:
-                raise ValueError(
-                    f"Prompt length of {len(ids)} is longer than the maximum model length of {self.max_model_len}."
-                )
+            received.append(ids)
+            self._validate_prompt(ids)
             requests.append((text, ids, sp))
         if self.enable_prefix_caching:
             self._account_prefix_cache([ids for _, ids, _ in requests])

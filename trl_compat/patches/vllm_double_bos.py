@@ -1,0 +1,64 @@
+"""vllm-double-bos: vLLM adds the tokenizer's special tokens to a prompt text training tokenised without.
+
+Remove this patch when trl_compat no longer supports TRL < 0.24 (0.24.0's PR #4152 made the
+training ids match vLLM's; 1.0.0's PR #5238 tokenises before vLLM). The fix PR #3856 was closed
+unmerged. trl_compat's window stops at 0.19.x, the releases it supports.
+
+The bug (TRL issue #3853, open-r1#695: "a significant drop in reward if using vllm compared to
+vanilla transformers"): GRPOTrainer applies the chat template as text, which for Llama 3 starts
+with the BOS text ``<|begin_of_text|>``, and tokenises it for the loss with
+``add_special_tokens=False``: one BOS. vLLM tokenises the same text with its special tokens, and a
+BOS-adding tokenizer puts a second BOS in front: vLLM generates after ``[BOS, BOS, ...]``, training
+computes the log-probs of those completions after ``[BOS, ...]``. (A BOS-adding tokenizer with a
+template or raw text without the BOS text gives the mirror image: a BOS for vLLM, none for training.)
+
+Affected: TRL 0.14.0 - 0.19.x (and up to 0.23) with ``use_vllm=True`` and a tokenizer that adds
+special tokens to a text (Llama 2/3, Mistral); Qwen-style tokenizers add none and are not affected.
+
+Probe: the generation method tokenises with ``add_special_tokens=False`` and hands vLLM the prompt
+texts. Whether a tokenizer adds special tokens is known at run time only: the wrapper compares, per
+prompt, vLLM's tokenisation with training's and acts only where they differ.
+
+Fix (``trl_compat.vllm_prompts``): such a prompt reaches vLLM as the training ids (in-process
+engine) or as a text whose tokenisation with special tokens gives them (server: the BOS text
+stripped). This changes what vLLM generates for those prompts: after one BOS, as training sees it.
+"""
+
+from __future__ import annotations
+
+from trl_compat import vllm_prompts
+from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._source import code
+
+
+def probe(module):
+    cls = module.GRPOTrainer
+    name = vllm_prompts.generation_method(cls)
+    if name is None:
+        return undecided("no GRPOTrainer method calls self.llm.generate / self.vllm_client.generate")
+    source = code(getattr(cls, name))
+    if "add_special_tokens=False" not in source:
+        return not_needed(f"GRPOTrainer.{name} tokenises prompts with the tokenizer's special tokens, as vLLM does")
+    if not vllm_prompts.calls_vllm_with_text(source):
+        return not_needed(f"GRPOTrainer.{name} does not hand vLLM the prompt texts")
+    return needed(f"GRPOTrainer.{name} tokenises prompts with add_special_tokens=False for the loss but hands vLLM "
+                  "text, which vLLM tokenises with special tokens: a BOS-adding tokenizer whose chat template writes "
+                  "the BOS text gives vLLM two BOS ids, training one; with the patch such prompts reach vLLM as the "
+                  "training ids, which changes what is generated for them (prompts both tokenise alike are untouched)")
+
+
+def apply(module, patcher):
+    vllm_prompts.wrap_generation(module, patcher, vllm_prompts.DOUBLE_BOS)
+
+
+PATCH = Patch(
+    id=vllm_prompts.DOUBLE_BOS,
+    summary="use_vllm: vLLM added a second BOS (the tokenizer's) to chat-templated prompts training tokenised with one",
+    upstream="https://github.com/huggingface/trl/issues/3853 (fixed in 0.24.0 by PR #4152)",
+    module="trl.trainer.grpo_trainer",
+    target="GRPOTrainer",
+    requires={"trl": affected("0.14.0", "0.20.0"), "vllm": ">=0"},
+    probe=probe,
+    apply=apply,
+    remove_when="TRL < 0.24 is no longer supported",
+)

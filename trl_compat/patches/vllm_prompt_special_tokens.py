@@ -1,0 +1,61 @@
+"""vllm-prompt-special-tokens: TRL 0.19.0 strips special tokens from every vLLM prompt.
+
+Remove this patch when trl_compat no longer supports TRL 0.19.0 (fixed in 0.19.1 by PRs #3651,
+commit 7dbf4777b, and #3698, commit ebb08d4f1).
+
+The bug (TRL issue #3644; unsloth#2980; unsloth and unsloth-zoo require ``trl!=0.19.0``): the fix
+of ``vllm-prompt-truncation`` (PR #3601) re-decodes the truncated prompt ids for vLLM with
+``batch_decode(prompt_ids, skip_special_tokens=True)``. Whenever ``max_prompt_length`` is set (it
+is 512 by default) every vLLM prompt loses its chat-template tokens (``<|im_start|>``,
+``<|start_header_id|>``...) and BOS, while the loss is computed on the ids that keep them:
+"severely mangled" generations, no error.
+
+Affected: TRL 0.19.0 with ``use_vllm=True`` and ``max_prompt_length`` set, and the main-branch
+builds from b0958c6f8 to 7dbf4777b.
+
+Probe: the generation method decodes ``prompt_ids`` with ``skip_special_tokens=True``.
+
+Fix (``trl_compat.vllm_prompts``): while ``_generate_and_score_completions`` runs, the training ids
+of each prompt of the batch are kept (gathered from every process in server mode), and each
+decoded text vLLM is handed is replaced by those ids (the in-process engine) or by a text that
+tokenises back to them (the server). This changes what vLLM generates: from the prompt with its
+special tokens, as the loss sees it.
+"""
+
+from __future__ import annotations
+
+from trl_compat import vllm_prompts
+from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._source import code
+
+
+def probe(module):
+    cls = module.GRPOTrainer
+    name = vllm_prompts.generation_method(cls)
+    if name is None:
+        return undecided("no GRPOTrainer method calls self.llm.generate / self.vllm_client.generate")
+    source = code(getattr(cls, name))
+    if "batch_decode(prompt_ids, skip_special_tokens=True" in source:
+        return needed(f"GRPOTrainer.{name} decodes the truncated prompt ids for vLLM with skip_special_tokens=True: "
+                      "chat-template tokens and BOS are missing from every vLLM prompt; with the patch vLLM "
+                      "generates from the training ids, special tokens included, which changes what is generated")
+    if "batch_decode(prompt_ids" in source:
+        return not_needed(f"GRPOTrainer.{name} keeps special tokens when it decodes the truncated prompt (PR #3651)")
+    return not_needed(f"GRPOTrainer.{name} does not re-decode the truncated prompt for vLLM")
+
+
+def apply(module, patcher):
+    vllm_prompts.wrap_generation(module, patcher, vllm_prompts.SPECIAL_TOKENS)
+
+
+PATCH = Patch(
+    id=vllm_prompts.SPECIAL_TOKENS,
+    summary="use_vllm: TRL 0.19.0 stripped chat-template tokens and BOS from every vLLM prompt",
+    upstream="https://github.com/huggingface/trl/issues/3644 (fixed in 0.19.1 by PRs #3651, #3698)",
+    module="trl.trainer.grpo_trainer",
+    target="GRPOTrainer",
+    requires={"trl": affected("0.19.0", "0.19.1"), "vllm": ">=0"},
+    probe=probe,
+    apply=apply,
+    remove_when="TRL 0.19.0 is no longer supported",
+)
