@@ -22,8 +22,8 @@ APPLIED = {
     "trl0.16.1-tf4.50.3": set(),
     "trl0.16.1-tf4.52.4": {"train-sampler-signature"},
     "trl0.17.0-tf4.46.3": {"logits-to-keep"},
-    "trl0.19.1-tf4.53.3": {"logits-to-keep"},
-    "trl0.19.1-tf5.23.0": {"transformers5-import", "transformers5-grpo", "logits-to-keep"},
+    "trl0.19.1-tf4.53.3": {"logits-to-keep", "fsdp2-vllm-sync"},
+    "trl0.19.1-tf5.23.0": {"transformers5-import", "transformers5-grpo", "logits-to-keep", "fsdp2-vllm-sync"},
     "trl-newest": set(),
 }
 

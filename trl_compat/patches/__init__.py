@@ -1,6 +1,7 @@
 """The patches, one module each. A new patch is one module here plus its tests."""
 
 from trl_compat.patches import (
+    fsdp2_vllm_sync,
     grpo_eval_014,
     logits_to_keep,
     peft_optional,
@@ -26,4 +27,5 @@ PATCHES = [
     vllm_lora_names.PATCH,
     vllm_merged_weights.PATCH,
     vllm_prefix_cache.PATCH,  # after vllm-merged-weights: it wraps the same method
+    fsdp2_vllm_sync.PATCH,
 ]
