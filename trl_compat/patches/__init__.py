@@ -11,6 +11,7 @@ from trl_compat.patches import (
     vllm_lora_names,
     vllm_merged_weights,
     vllm_prefix_cache,
+    vllm_v1_engine,
     zero3_hooks_api,
     zero3_unwrap,
 )
@@ -27,5 +28,6 @@ PATCHES = [
     vllm_lora_names.PATCH,
     vllm_merged_weights.PATCH,
     vllm_prefix_cache.PATCH,  # after vllm-merged-weights: it wraps the same method
+    vllm_v1_engine.PATCH,
     fsdp2_vllm_sync.PATCH,
 ]
