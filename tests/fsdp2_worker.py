@@ -213,7 +213,9 @@ def main():
         mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
         for layer in [m for m in model.modules() if type(m).__name__ == "Qwen2DecoderLayer"]:
             fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        # Under PEFT the root group is the base model: TRL's non-vLLM generation calls
+        # PeftModel.generate, which never runs the PeftModel's forward (FSDP2's root unshard hook).
+        fully_shard(model.get_base_model() if use_peft else model, mesh=mesh)
         trainer.model_wrapped = model
         trainer.is_fsdp_enabled = True  # what transformers sets when accelerate has an FSDP plugin
 

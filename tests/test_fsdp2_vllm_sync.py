@@ -128,11 +128,14 @@ class Run:
         return [by_rank[0], by_rank[1]]
 
 
-def check_fsdp2_training(run):
+def check_fsdp2_training(run, peft=False):
     """What holds with or without the patch: really FSDP2-sharded, really trained."""
     assert run.returncode == 0, run.tail()
     for sharded in run.per_rank("sharded"):
-        assert sharded["is_fsdp2"] and sharded["model"].startswith("FSDP"), sharded
+        if peft:  # the base model inside the PeftModel is the FSDP2 root
+            assert sharded["model"] == "PeftModel" and not sharded["is_fsdp2"], sharded
+        else:
+            assert sharded["is_fsdp2"] and sharded["model"].startswith("FSDP"), sharded
         assert sharded["fsdp2_modules"] >= 3, sharded  # the root and both decoder layers
         assert sharded["dtensor_params"] == sharded["params"] > 0, sharded  # every parameter sharded
         assert 0 < sharded["local_numel"] < sharded["full_numel"], sharded  # each rank holds a part
@@ -178,3 +181,20 @@ def test_grpo_fsdp2_two_processes_without_patch(model_dir, tmp_path):
                 # TRL's FSDP1-only walk: nothing reaches vLLM, yet its cache is reset as if it had
                 assert sync["error"] is None and sync["names"] == [], sync
         assert [s["resets"] for s in run.per_rank("sync", label=label, mode="colocate")] == [1, 1]
+
+
+@needs_fsdp2_window
+def test_grpo_fsdp2_peft_two_processes_with_patch(model_dir, tmp_path):
+    pytest.importorskip("peft")
+    run = launch(model_dir, tmp_path / "out", peft=True)
+    names = check_fsdp2_training(run, peft=True)
+    assert not any("lora_" in n or "base_layer" in n or n.startswith("base_model.") for n in names), names
+    assert "model.layers.0.self_attn.q_proj.weight" in names
+    for label in ("begin", "end"):
+        for sync in run.per_rank("sync", label=label, mode="colocate"):
+            # TRL merged the adapter before the sync: vLLM gets W + scaling * B @ A under base names
+            assert sync["error"] is None and sorted(sync["names"]) == names, sync
+            assert sync["equal"] == names and sync["unequal"] == [], sync
+    # only LoRA was trained: exactly the merged weights of the adapted projections moved
+    for train in run.per_rank("train"):
+        assert train["moved"] == sorted(f"model.layers.{i}.self_attn.{p}_proj.weight" for i in (0, 1) for p in "qv")
