@@ -52,6 +52,9 @@ KNOWN = {
     "train-sampler-signature": lambda v, vs: V("0.15.0") <= v < V("0.17.0") and _v(vs, "transformers") >= V("4.52.0"),
     "grpo-eval-0.14": lambda v, vs: v == V("0.14.0"),
     "vllm-prefix-cache": lambda v, vs: V("0.15.0") <= v < V("0.16.0"),
+    # issue 13: FSDP1-only sync (PR #3687); in-process sync vs vLLM's V1 default (0.8) until V0's removal (0.11)
+    "fsdp2-vllm-sync": lambda v, vs: V("0.18.0") <= v < V("0.20.0"),
+    "vllm-v1-engine": lambda v, vs: V("0.14.0") <= v < V("0.16.0") and V("0.8.0") <= (_v(vs, "vllm") or V("0")) < V("0.11.0"),
 }
 
 CHECK = r"""
