@@ -35,13 +35,10 @@ current weights: generations differ from the unpatched run, which was the bug.
 from __future__ import annotations
 
 import functools
-import logging
 import sys
 
 from trl_compat._engine import Patch, affected, needed, not_needed, undecided
 from trl_compat._source import code, defining_class
-
-log = logging.getLogger("trl_compat")
 
 METHOD = "_sync_fsdp_params_to_vllm"
 _WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig_mod.")
@@ -122,13 +119,13 @@ def sync_fsdp2(trainer, module) -> None:
     prefix = _peft_prefix(module)
     llm_model = None
     for key, tensor in module.state_dict().items():
+        name = vllm_name(key, prefix)
+        if name is None:  # the same keys on every rank: skipping keeps the collectives in step
+            continue
         if dtensor is not None and isinstance(tensor, dtensor):
             if tensor.device.type == "cpu" and device is not None and torch.device(device).type != "cpu":
                 tensor = tensor.to(device)  # CPU-offloaded shards: the collective runs on the accelerator
             tensor = tensor.full_tensor()  # collective: every rank, same order
-        name = vllm_name(key, prefix)
-        if name is None:
-            continue
         if server:
             if main:
                 trainer.vllm_client.update_named_param(name, tensor)
