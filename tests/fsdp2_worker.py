@@ -115,7 +115,6 @@ def main():
     import trl
     from torch.distributed.tensor import DTensor
     from torch.distributed.device_mesh import init_device_mesh
-    from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     import tiny
@@ -125,7 +124,7 @@ def main():
     emit("versions", trl=trl.__version__, torch=torch.__version__, accelerate=accelerate.__version__,
          status=trl_compat.status(PATCH_ID))
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = tiny.make_tokenizer()  # as tests/grpo_run.py (from_pretrained loses settings on transformers 5)
     args = GRPOConfig(
         output_dir=out_dir,
         per_device_train_batch_size=2,
@@ -199,6 +198,7 @@ def main():
         got = dict(received.items)
         emit(
             "sync", label=label, mode=mode, error=error, names=names, resets=received.resets,
+            is_main=bool(trainer.accelerator.is_main_process),
             expected=sorted(expected),
             equal=sorted(n for n, t in got.items() if n in expected and torch.equal(t, expected[n])),
             unequal=sorted(n for n, t in got.items() if n in expected and not torch.equal(t, expected[n])),
@@ -248,6 +248,7 @@ def main():
     # across ranks, GRPO loss, backward through FSDP2's reduce-scatter), then an optimizer step.
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate)
     prompts = tiny.prompt_dataset(4)
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop; transformers 5's training_step reads it
     losses = []
     for step in range(2):
         row = prompts[2 * step + RANK]
