@@ -63,6 +63,9 @@ KNOWN = {
     "vllm-prompt-truncation": lambda v, vs: _v(vs, "vllm") is not None and V("0.14.0") <= v < V("0.19.0"),
     "vllm-prompt-special-tokens": lambda v, vs: _v(vs, "vllm") is not None and v == V("0.19.0"),
     "vllm-double-bos": lambda v, vs: _v(vs, "vllm") is not None and V("0.14.0") <= v < V("0.24.0"),
+    # issue 13: FSDP1-only sync (PR #3687); in-process sync vs vLLM's V1 default (0.8) until V0's removal (0.11)
+    "fsdp2-vllm-sync": lambda v, vs: V("0.18.0") <= v < V("0.20.0"),
+    "vllm-v1-engine": lambda v, vs: V("0.14.0") <= v < V("0.16.0") and V("0.8.0") <= (_v(vs, "vllm") or V("0")) < V("0.11.0"),
 }
 
 # Main-branch commits (reporting X.dev0) around the windows' bounds, with what research found in

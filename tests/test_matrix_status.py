@@ -35,10 +35,10 @@ APPLIED = {
                           "train-sampler-signature"},
     "trl0.17.0-tf4.46.3": {"dataloader-workers", "logits-to-keep"},
     "trl0.17.0-tf4.52.4": {"dataloader-workers"},
-    "trl0.18.2-tf4.52.4": {"vllm-double-bos", "vllm-prompt-truncation"},
-    "trl0.19.0-tf4.52.4": {"logits-to-keep", "vllm-double-bos", "vllm-prompt-special-tokens"},
-    "trl0.19.1-tf4.53.3": {"logits-to-keep"},
-    "trl0.19.1-tf5.23.0": {"transformers5-import", "transformers5-grpo", "logits-to-keep"},
+    "trl0.18.2-tf4.52.4": {"fsdp2-vllm-sync", "vllm-double-bos", "vllm-prompt-truncation"},
+    "trl0.19.0-tf4.52.4": {"fsdp2-vllm-sync", "logits-to-keep", "vllm-double-bos", "vllm-prompt-special-tokens"},
+    "trl0.19.1-tf4.53.3": {"fsdp2-vllm-sync", "logits-to-keep"},
+    "trl0.19.1-tf5.23.0": {"fsdp2-vllm-sync", "logits-to-keep", "transformers5-grpo", "transformers5-import"},
     "trl-newest": set(),
 }
 

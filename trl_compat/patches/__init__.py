@@ -2,6 +2,7 @@
 
 from trl_compat.patches import (
     dataloader_workers,
+    fsdp2_vllm_sync,
     grpo_eval_014,
     logits_to_keep,
     logps_attention_mask,
@@ -20,6 +21,7 @@ from trl_compat.patches import (
     vllm_prefix_cache,
     vllm_prompt_special_tokens,
     vllm_prompt_truncation,
+    vllm_v1_engine,
     zero3_hooks_api,
     zero3_unwrap,
 )
@@ -48,4 +50,6 @@ PATCHES = [
     vllm_prompt_truncation.PATCH,
     vllm_prompt_special_tokens.PATCH,
     vllm_double_bos.PATCH,
+    vllm_v1_engine.PATCH,
+    fsdp2_vllm_sync.PATCH,
 ]
