@@ -153,6 +153,10 @@ def apply(module, patcher):
     patcher.wrap(module.GRPOTrainer, METHOD, _make_sync)
 
 
+# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+VERSIONS = {"trl": {"inside": ["0.18.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.17.0", "0.20.0"]}}
+
+
 PATCH = Patch(
     id="fsdp2-vllm-sync",
     summary="use_vllm + FSDP2: no weight reached vLLM (FSDP1-only sync); send the full FSDP2 weights",

@@ -91,6 +91,10 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.GRPOTrainer, "__init__", _factory)
 
 
+# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+VERSIONS = {"trl": {"inside": ["0.14.0", "0.16.1", "0.17.0.dev0"], "outside": ["0.17.0"]}}
+
+
 PATCH = Patch(
     id=PATCH_ID,
     summary="tokenizer without a pad token: use its EOS token as pad token, as TRL 0.17 does",

@@ -74,6 +74,10 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.GRPOTrainer, "__init__", _factory)
 
 
+# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}}
+
+
 PATCH = Patch(
     id=PATCH_ID,
     summary="LoRA + reentrant gradient checkpointing: make the embedding output require grad, as TRL 0.16 does",

@@ -51,6 +51,10 @@ def apply(module, patcher):
     vllm_prompts.wrap_generation(module, patcher, vllm_prompts.DOUBLE_BOS)
 
 
+# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+VERSIONS = {"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0"]}}
+
+
 PATCH = Patch(
     id=vllm_prompts.DOUBLE_BOS,
     summary="use_vllm: vLLM added a second BOS (the tokenizer's) to chat-templated prompts training tokenised with one",

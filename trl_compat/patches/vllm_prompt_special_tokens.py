@@ -10,8 +10,10 @@ is 512 by default) every vLLM prompt loses its chat-template tokens (``<|im_star
 ``<|start_header_id|>``...) and BOS, while the loss is computed on the ids that keep them:
 "severely mangled" generations, no error.
 
-Affected: TRL 0.19.0 with ``use_vllm=True`` and ``max_prompt_length`` set, and the main-branch
-builds from b0958c6f8 to 7dbf4777b.
+Affected: TRL 0.19.0 with ``use_vllm=True`` and ``max_prompt_length`` set, the 0.19.0.dev0
+main-branch builds from b0958c6f8 (PR #3601) on, and the 0.20.0.dev0 builds before PR #3651
+reached main (79ec242ae): the window runs up to 0.20.0, and the probe tells 0.19.1 and the
+fixed dev builds apart.
 
 Probe: the generation method decodes ``prompt_ids`` with ``skip_special_tokens=True``.
 
@@ -48,13 +50,17 @@ def apply(module, patcher):
     vllm_prompts.wrap_generation(module, patcher, vllm_prompts.SPECIAL_TOKENS)
 
 
+# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+VERSIONS = {"trl": {"inside": ["0.19.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.18.2", "0.20.0"]}}
+
+
 PATCH = Patch(
     id=vllm_prompts.SPECIAL_TOKENS,
     summary="use_vllm: TRL 0.19.0 stripped chat-template tokens and BOS from every vLLM prompt",
     upstream="https://github.com/huggingface/trl/issues/3644 (fixed in 0.19.1 by PRs #3651, #3698)",
     module="trl.trainer.grpo_trainer",
     target="GRPOTrainer",
-    requires={"trl": affected("0.19.0", "0.19.1"), "vllm": ">=0"},
+    requires={"trl": affected("0.19.0", "0.20.0"), "vllm": ">=0"},
     probe=probe,
     apply=apply,
     remove_when="TRL 0.19.0 is no longer supported",

@@ -55,6 +55,10 @@ def apply(module, patcher):
     vllm_prompts.wrap_generation(module, patcher, vllm_prompts.TRUNCATION)
 
 
+# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+VERSIONS = {"trl": {"inside": ["0.14.0", "0.18.2", "0.19.0.dev0"], "outside": ["0.19.0"]}}
+
+
 PATCH = Patch(
     id=vllm_prompts.TRUNCATION,
     summary="use_vllm: vLLM generated from the untruncated prompt, the loss saw its last max_prompt_length ids",

@@ -130,6 +130,11 @@ def apply(module, patcher):
     patcher.on_undo(undo)
 
 
+# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]},
+            "vllm": {"inside": ["0.8.0", "0.8.5.post2", "0.10.2"], "outside": ["0.7.2"]}}
+
+
 PATCH = Patch(
     id="vllm-v1-engine",
     summary="use_vllm on vLLM >= 0.8: V1 engine has no llm_engine.model_executor; default VLLM_USE_V1=0",
