@@ -556,3 +556,22 @@ def test_report_target_is_what_was_changed(fake_pkg):
     patch = make_patch(fake_pkg, target="Trainer", apply=lambda m, p: p.wrap(m.Trainer, "step", _prefixing))
     trl_compat.install(patch.id)
     assert {r.id: r.target for r in trl_compat.report()}[patch.id] == f"{fake_pkg}.Trainer.step"
+
+
+def test_an_opt_in_patch_is_disabled_until_its_switch_is_on(fake_pkg, monkeypatch, caplog):
+    mod = importlib.import_module(fake_pkg)
+    monkeypatch.delenv("TEST_TRL_COMPAT_OPT_IN", raising=False)
+    patch = Patch(id="test-opt-in", summary="", upstream="", module=fake_pkg, target="Trainer.step", requires={},
+                  probe=lambda m: needed("bug found"), apply=wrap_step, opt_in="TEST_TRL_COMPAT_OPT_IN")
+    engine.register(patch)
+    with caplog.at_level(logging.INFO, logger="trl_compat"):
+        trl_compat.install(patch.id)
+    record = {r.id: r for r in trl_compat.report()}[patch.id]
+    assert record.status == trl_compat.DISABLED
+    assert record.reason == "opt-in, off: bug found; set TEST_TRL_COMPAT_OPT_IN=1 to apply the fix"
+    assert any("TEST_TRL_COMPAT_OPT_IN=1" in r.getMessage() and r.levelname == "INFO" for r in caplog.records)
+    assert mod.Trainer().step(1) == ("base", 1)
+    monkeypatch.setenv("TEST_TRL_COMPAT_OPT_IN", "1")
+    trl_compat.revert(patch.id)
+    trl_compat.install(patch.id)
+    assert trl_compat.status(patch.id) == trl_compat.APPLIED and mod.Trainer().step(2) == ("patched", 2)

@@ -1,6 +1,6 @@
 """logps-temperature (opt-in): TRL < 0.16 samples at ``temperature`` but computes log-probs at 1.
 
-* Status: in the window and switched off (the default, as in the matrix), "not needed" with a
+* Status: in the window and switched off (the default, as in the matrix), "disabled" with a
   reason that names ``TRL_COMPAT_LOGPS_TEMPERATURE`` and says the bug is there; switched on,
   "applied"; from TRL 0.16.0 on (TRL divides by the temperature itself), "not needed".
 * A real GRPO run at ``temperature=0.5`` (TRL 0.14.0 and 0.15.x cells): every log-prob forward TRL
@@ -70,7 +70,7 @@ def test_status_off_by_default_and_on_with_the_switch(switch, caplog):
         verdict = lt.probe(grpo_trainer)
         assert verdict.needed is False and "divides the logits by the sampling temperature" in verdict.reason
         return
-    assert off == trl_compat.NOT_NEEDED
+    assert off == trl_compat.DISABLED  # the bug is there, the fix is switched off
     assert reason.startswith("opt-in, off:") and f"set {lt.SWITCH}=1" in reason, reason
     assert any(lt.SWITCH in rec.getMessage() and rec.levelname == "INFO" for rec in caplog.records)
     assert switch(True) == trl_compat.APPLIED
@@ -98,7 +98,7 @@ def _run(tmp_path):
 
 @needs_bug
 def test_default_off_log_probs_stay_at_temperature_1(tmp_path, switch):
-    assert switch(False) == trl_compat.NOT_NEEDED
+    assert switch(False) == trl_compat.DISABLED
     calls = _run(tmp_path)
     for call in calls.calls:
         trl_logps = calls.trl_logps(call)

@@ -89,6 +89,9 @@ class Patch:
     probe: Callable[[ModuleType], Verdict]
     apply: Callable[[ModuleType, "Patcher"], None]
     remove_when: str = ""
+    # An environment variable that must be on for the patch to apply (a fix that changes the
+    # training objective): off, a patch whose probe finds the bug reports "disabled".
+    opt_in: str = ""
 
 
 @dataclass
@@ -235,7 +238,11 @@ def registry() -> List[Patch]:
 
 
 def strict() -> bool:
-    return os.environ.get("TRL_COMPAT_STRICT", "").strip().lower() in {"1", "true", "yes", "on"}
+    return switched_on("TRL_COMPAT_STRICT")
+
+
+def switched_on(variable: str) -> bool:
+    return os.environ.get(variable, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 def _disabled_ids() -> set:
@@ -437,6 +444,10 @@ def _resolve(patch: Patch, module: ModuleType) -> None:
         return
     if not verdict.needed:
         _set(patch, NOT_NEEDED, verdict.reason)
+        return
+    if patch.opt_in and not switched_on(patch.opt_in):
+        log.info("trl_compat: %s: %s; opt-in: set %s=1 to apply the fix", patch.id, verdict.reason, patch.opt_in)
+        _set(patch, DISABLED, f"opt-in, off: {verdict.reason}; set {patch.opt_in}=1 to apply the fix")
         return
     patcher = Patcher(patch.id)
     try:

@@ -1,8 +1,9 @@
 """logps-temperature: TRL < 0.16 samples at ``temperature`` but computes log-probs at temperature 1.
 
 OPT-IN: this patch changes the training objective, so it is off unless
-``TRL_COMPAT_LOGPS_TEMPERATURE=1`` is set before ``import trl``. Off, it reports "not needed" with a
-reason that names the switch, and logs that once at INFO.
+``TRL_COMPAT_LOGPS_TEMPERATURE=1`` is set before ``import trl`` (``Patch.opt_in``). Off, where the
+probe finds the bug, it reports "disabled" with a reason that names the switch, and logs that
+once at INFO.
 
 Remove this patch when trl_compat no longer supports TRL 0.14.0 - 0.15.x (nor 0.16.0.dev0 builds
 from before PR #3029, main commit 04f659737, 2025-03-12).
@@ -18,7 +19,7 @@ Affected: TRL 0.14.0 (the function nested in ``compute_loss``), 0.15.0 - 0.15.2
 (``GRPOTrainer._get_per_token_logps``), and the main-branch builds before 04f659737.
 
 Probe: TRL's log-prob function (see ``trl_compat._logps_calls``), comments dropped, never mentions
-``temperature``. Then the switch decides: on, "applied"; off, "not needed" (opt-in, off).
+``temperature``. Then the switch decides (in the engine): on, "applied"; off, "disabled".
 
 Fix (switched on): while TRL's log-prob function runs (``_get_per_token_logps`` wrapped in 0.15;
 ``compute_loss`` in 0.14.0), a forward hook on the module TRL calls divides the ``logits`` of the
@@ -31,20 +32,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
-import os
 
 from trl_compat import _logps_calls
 from trl_compat._engine import Patch, affected, needed, not_needed, undecided
 
-log = logging.getLogger("trl_compat")
-
 PATCH_ID = "logps-temperature"
 SWITCH = "TRL_COMPAT_LOGPS_TEMPERATURE"
-
-
-def switched_on() -> bool:
-    return os.environ.get(SWITCH, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 def probe(module):
@@ -54,14 +47,9 @@ def probe(module):
                          "compute_loss")
     if "temperature" in caller.code:
         return not_needed(f"{caller.where} divides the logits by the sampling temperature")
-    bug = (f"{caller.where} computes log-probs at temperature 1 while completions are sampled at "
-           "GRPOConfig.temperature (default 0.9)")
-    if not switched_on():
-        log.info("trl_compat: %s: TRL computes GRPO log-probs at temperature 1, not at the sampling temperature; "
-                 "set %s=1 to fix that (it changes the training objective)", PATCH_ID, SWITCH)
-        return not_needed(f"opt-in, off: {bug}; set {SWITCH}=1 to compute them at the sampling temperature as "
-                          "TRL 0.16 does (changes the training objective)")
-    return needed(f"{bug}; switched on by {SWITCH}: the logits of TRL's log-prob forwards are divided by it")
+    return needed(f"{caller.where} computes log-probs at temperature 1 while completions are sampled at "
+                  "GRPOConfig.temperature (default 0.9); the patch divides the logits of TRL's log-prob "
+                  "forwards by it, as TRL 0.16 does (this changes the training objective)")
 
 
 def _temperature(trainer):
@@ -123,5 +111,6 @@ PATCH = Patch(
     requires={"trl": affected("0.14.0", "0.16.0")},
     probe=probe,
     apply=apply,
+    opt_in=SWITCH,
     remove_when="TRL 0.15.x is no longer supported",
 )
