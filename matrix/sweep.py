@@ -66,6 +66,14 @@ KNOWN = {
     # issue 13: FSDP1-only sync (PR #3687); in-process sync vs vLLM's V1 default (0.8) until V0's removal (0.11)
     "fsdp2-vllm-sync": lambda v, vs: V("0.18.0") <= v < V("0.20.0"),
     "vllm-v1-engine": lambda v, vs: V("0.14.0") <= v < V("0.16.0") and V("0.8.0") <= (_v(vs, "vllm") or V("0")) < V("0.11.0"),
+    # research/further-bugs.md S4, S5, C1, C3, C4, C5, C8 (issue 14)
+    "logps-attention-mask": lambda v, vs: v == V("0.14.0"),
+    "logps-temperature": lambda v, vs: V("0.14.0") <= v < V("0.16.0"),
+    "peft-gradient-checkpointing": lambda v, vs: _v(vs, "peft") is not None and V("0.14.0") <= v < V("0.16.0"),
+    "pad-token": lambda v, vs: V("0.14.0") <= v < V("0.17.0"),
+    "dataloader-workers": lambda v, vs: V("0.14.0") <= v < V("0.18.2"),
+    "reward-model-zero3": lambda v, vs: _v(vs, "deepspeed") is not None and V("0.14.0") <= v < V("0.17.0"),
+    "resume-buffered-inputs": lambda v, vs: V("0.16.0") <= v < V("0.17.0"),
 }
 
 # Main-branch commits (reporting X.dev0) around the windows' bounds, with what research found in
