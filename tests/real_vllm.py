@@ -102,3 +102,31 @@ def mismatches(got: dict, expected: dict) -> list[str]:
 
     return [name for name, tensor in got.items()
             if not torch.equal(tensor, expected[name].detach().cpu().to(tensor.dtype))]
+
+
+class PrefixCacheMeter:
+    """Counts the prompt tokens the V0 engine serves from its prefix cache instead of computing.
+
+    ``RequestOutput.num_cached_tokens`` stays 0 on vLLM's CPU runner (only the GPU runner fills it
+    in), so this reads what the scheduler hands the runner: per prompt being prefilled, the KV
+    blocks found in the cache (``computed_block_nums``; vLLM never counts the block holding the
+    last prompt token), times the block size. ``take()`` returns the count since the last call."""
+
+    def __init__(self, llm):
+        scheduler = llm.llm_engine.scheduler[0]
+        self.block_size = llm.llm_engine.cache_config.block_size
+        self.served = self._taken = 0
+        schedule = scheduler.schedule
+
+        def counting_schedule(*args, **kwargs):
+            out = schedule(*args, **kwargs)
+            for meta in out[0]:
+                if meta.is_prompt and meta.computed_block_nums:
+                    self.served += len(meta.computed_block_nums) * self.block_size
+            return out
+
+        scheduler.schedule = counting_schedule
+
+    def take(self) -> int:
+        got, self._taken = self.served - self._taken, self.served
+        return got
