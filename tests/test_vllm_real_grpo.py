@@ -238,9 +238,12 @@ def test_trl_0_15_0_unmerged_weights_bug_reproduced_on_real_vllm(tmp_path, unpat
     sync = spy.syncs[0]
     targets = lora_targets(sync["held"])
     assert targets
-    # vLLM holds the base weights of every LoRA-wrapped layer, not the merged ones
-    assert real_vllm.mismatches({n: sync["held"][n] for n in targets}, sync["base"]) == []
-    assert sorted(real_vllm.mismatches({n: sync["held"][n] for n in targets}, sync["merged"])) == sorted(targets)
+    # vLLM holds the base weights of every LoRA-wrapped layer, not the merged ones. (Not bit for bit:
+    # TRL 0.15.0 sends the very tensors its in-place merge + unmerge round trip left with float rounding.)
+    for name in targets:
+        held, base, merged = sync["held"][name], sync["base"][name], sync["merged"][name]
+        to_base, to_merged = float((held - base).abs().max()), float((held - merged).abs().max())
+        assert to_merged > 1e-5 and to_base * 100 < to_merged, (name, to_base, to_merged)
 
 
 def test_trl_0_15_stale_prefix_cache_bug_reproduced_on_real_vllm(tmp_path, unpatched):
