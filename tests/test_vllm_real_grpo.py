@@ -193,7 +193,7 @@ def test_vllm_holds_the_trained_weights_after_each_sync(tmp_path, peft):
         # plain base-model names, each parameter once, nothing else
         assert sorted(sync["names"]) == sorted(sync["merged"]), sorted(set(sync["names"]) ^ set(sync["merged"]))
         assert real_vllm.mismatches(sync["held"], sync["merged"]) == []
-        if peft:  # the adapter really is in what vLLM holds
+        if peft and sync["step"] > 0:  # the adapter (LoRA B starts at zero, trained from step 0) is in it
             assert real_vllm.mismatches(sync["held"], sync["base"]) != []
         if not peft or trl_compat_syncs():  # trl_compat's sync leaves every training parameter as it was
             assert sync["changed"] == []
