@@ -25,6 +25,13 @@ APPLIED = {
     "trl0.19.1-tf4.53.3": {"logits-to-keep"},
     "trl0.19.1-tf5.23.0": {"transformers5-import", "transformers5-grpo", "logits-to-keep"},
     "trl-newest": set(),
+    # the real-vLLM cell (matrix/vllm_cpu/): one venv (transformers 4.51.3, peft 0.15.2, no deepspeed),
+    # one report per TRL release swapped in
+    "vllm-cpu-real-trl0.15.2": {"vllm-prefix-cache"},
+    "vllm-cpu-real-trl0.14.0": {"logits-to-keep", "grpo-eval-0.14", "vllm-lora-names"},
+    "vllm-cpu-real-trl0.15.0": {"vllm-merged-weights", "vllm-prefix-cache"},
+    "vllm-cpu-real-trl0.18.2": set(),
+    "vllm-cpu-real-trl0.19.1": {"logits-to-keep"},
 }
 
 
