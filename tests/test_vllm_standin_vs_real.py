@@ -100,6 +100,7 @@ def test_rotary_inv_freq_is_skipped_by_both(engines):
 
 
 def test_same_error_for_peft_names(engines):
+    pytest.importorskip("peft")
     from peft import LoraConfig, get_peft_model
 
     peft_model = get_peft_model(tiny.make_model("qwen2"), LoraConfig(r=4, target_modules=["q_proj"]))
