@@ -42,17 +42,22 @@ APPLIED = {
     "trl-newest": set(),
     # the real-vLLM cell (matrix/vllm_cpu/): one venv (transformers 4.51.3, peft 0.15.2, no deepspeed),
     # one report per TRL release swapped in
-    "vllm-cpu-real-trl0.15.2": {"vllm-prefix-cache"},
-    "vllm-cpu-real-trl0.14.0": {"logits-to-keep", "grpo-eval-0.14", "vllm-lora-names"},
-    "vllm-cpu-real-trl0.15.0": {"vllm-merged-weights", "vllm-prefix-cache"},
-    "vllm-cpu-real-trl0.18.2": set(),
-    "vllm-cpu-real-trl0.19.1": {"logits-to-keep"},
+    "vllm-cpu-real-trl0.15.2": {"dataloader-workers", "pad-token", "peft-gradient-checkpointing", "vllm-double-bos",
+                                "vllm-prefix-cache", "vllm-prompt-truncation"},
+    "vllm-cpu-real-trl0.14.0": {"dataloader-workers", "grpo-eval-0.14", "logits-to-keep", "logps-attention-mask",
+                                "pad-token", "peft-gradient-checkpointing", "vllm-double-bos", "vllm-lora-names",
+                                "vllm-prompt-truncation"},
+    "vllm-cpu-real-trl0.15.0": {"dataloader-workers", "pad-token", "peft-gradient-checkpointing", "vllm-double-bos",
+                                "vllm-merged-weights", "vllm-prefix-cache", "vllm-prompt-truncation"},
+    "vllm-cpu-real-trl0.18.2": {"fsdp2-vllm-sync", "vllm-double-bos", "vllm-prompt-truncation"},
+    "vllm-cpu-real-trl0.19.1": {"fsdp2-vllm-sync", "logits-to-keep", "vllm-double-bos"},
 }
 
 # Opt-in patches (Patch.opt_in) whose bug the probe finds in the cell: "disabled" unless switched on.
 OPT_IN = {cell: {"logps-temperature"} for cell in (
     "trl0.14.0-tf4.46.3", "trl0.14.0-tf4.52.4", "trl0.15.0-tf4.48.3", "trl0.15.2-tf4.48.3",
-    "trl0.15.2-tf4.48.3-nopeft", "trl0.15.2-tf4.52.4")}
+    "trl0.15.2-tf4.48.3-nopeft", "trl0.15.2-tf4.52.4",
+    "vllm-cpu-real-trl0.14.0", "vllm-cpu-real-trl0.15.0", "vllm-cpu-real-trl0.15.2")}
 
 
 @pytest.mark.skipif(CELL is None, reason="not a matrix cell (TRL_COMPAT_CELL unset)")
