@@ -207,7 +207,7 @@ def test_fix_on_the_synthetic_pattern(make_pkg, no_peft):
         mod.GRPOTrainer(object(), peft_config=object())  # positional model, keyword peft_config
     assert mod.WORK == []  # raised before any work
     assert info.value.name == "peft"
-    assert "pip install peft" in str(info.value) and "trl-compat[peft]" in str(info.value)
+    assert "pip install peft" in str(info.value) and "of your transformers' day" in str(info.value)
     with pytest.raises(ImportError, match="pip install peft"):
         mod.GRPOTrainer(object(), None, None, object())  # peft_config passed positionally
     with pytest.raises(ImportError, match="pip install peft"):
@@ -378,7 +378,7 @@ def test_peft_config_raises_clear_import_error_before_loading(tmp_path, monkeypa
     assert info.value.name == "peft"
     message = str(info.value)
     assert message.startswith("GRPOTrainer(peft_config=...) needs PEFT, which is not installed.")
-    assert "`pip install peft`" in message and "trl-compat[peft]" in message
+    assert "`pip install peft`" in message and "of your transformers' day" in message
 
 
 BUGGY_LINE = "isinstance(unwrapped_model, PeftModel)"

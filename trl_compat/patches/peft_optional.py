@@ -60,7 +60,8 @@ from trl_compat._engine import Patch, affected, needed, not_needed, undecided
 
 PEFT_NAMES = ("PeftModel", "PeftConfig", "get_peft_model")
 GUARD = "is_peft_available"
-INSTALL_HINT = "`pip install peft` (or `pip install 'trl-compat[peft]'`)"
+# A release of your stack's day: the newest peft may want a newer transformers or torch.
+INSTALL_HINT = "`pip install peft` (a release of your transformers' day, e.g. peft 0.14 or 0.15 for TRL 0.14-0.16)"
 
 
 def _message(what: str) -> str:
