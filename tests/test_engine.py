@@ -173,6 +173,32 @@ def _tagging(tag):
     return apply
 
 
+def test_a_patch_applied_for_the_first_time_goes_below_later_ones(fake_pkg, monkeypatch):
+    """An opt-in patch switched on after start-up (or any patch applied late) has never
+    changed anything yet: it must still land below the later-registered patches on the same
+    method, or reverting one of those later leaves it wrapped in place ("replaced after
+    us") and a re-install finds its marker and skips ("already patched")."""
+    mod = importlib.import_module(fake_pkg)
+    monkeypatch.delenv("TEST_TRL_COMPAT_LATE", raising=False)
+    late = Patch(id="test-late", summary="", upstream="", module=fake_pkg, target="Trainer.step", requires={},
+                 probe=lambda m: needed("bug found"), apply=_tagging("late"), opt_in="TEST_TRL_COMPAT_LATE")
+    engine.register(late)
+    upper = make_patch(fake_pkg, apply=_tagging("upper"))
+    trl_compat.install(late.id, upper.id)
+    assert trl_compat.status(late.id) == trl_compat.DISABLED
+    assert mod.Trainer().step(1) == ("upper", "base", 1)
+
+    monkeypatch.setenv("TEST_TRL_COMPAT_LATE", "1")
+    trl_compat.install(late.id)
+    assert mod.Trainer().step(2) == ("upper", "late", "base", 2)
+    trl_compat.revert(upper.id)
+    assert mod.Trainer().step(3) == ("late", "base", 3)
+    trl_compat.install(upper.id)
+    trl_compat.revert(late.id)
+    assert mod.Trainer().step(4) == ("upper", "base", 4)
+    assert trl_compat.status(upper.id) == trl_compat.APPLIED
+
+
 def test_reverting_the_lower_of_two_stacked_patches(fake_pkg):
     """Two patches wrap the same method; reverting the first one must remove it for
     real (not leave it under the second) and keep the second one working."""

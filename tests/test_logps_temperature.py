@@ -75,7 +75,7 @@ def test_status_off_by_default_and_on_with_the_switch(switch, caplog):
     assert any(lt.SWITCH in rec.getMessage() and rec.levelname == "INFO" for rec in caplog.records)
     assert switch(True) == trl_compat.APPLIED
     status = {r.id: r for r in trl_compat.report()}[PID]
-    assert "switched on" in status.reason
+    assert "computes log-probs at temperature 1" in status.reason and "divides the logits" in status.reason
     method = "_get_per_token_logps" if TRL >= Version("0.15.0") else "compute_loss"
     assert status.target == f"trl.trainer.grpo_trainer.GRPOTrainer.{method}"
 

@@ -124,7 +124,9 @@ def test_apply_sets_the_default_before_trl_builds_its_engine(tmp_path, construct
     assert constructions == [] and VAR not in os.environ
     trainer = grpo_run.make_trainer(tmp_path / "vllm", use_vllm=True)
     assert constructions == ["0"] and os.environ[VAR] == "0"  # before LLM(...), and kept for vLLM's later reads
-    trainer._move_model_to_vllm()  # TRL's V0 path still works
+    if hasattr(trainer, "_move_model_to_vllm"):  # 0.15 (0.14.0 syncs inline in compute_loss)
+        trainer._move_model_to_vllm()  # TRL's V0 path still works
+    assert trainer.llm.llm_engine.model_executor.driver_worker.model_runner.model is not None
     patch_applied.undo()
     assert VAR not in os.environ  # the patch's own "0" goes with it
 

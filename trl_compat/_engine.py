@@ -504,9 +504,12 @@ def _take_off(patch: Patch, reason: str) -> None:
 def _stacked_above(moving: List[Patch]) -> List[Patch]:
     """Applied patches, other than ``moving``, registered after one of them and
     changing an attribute it changes (or changed when last applied), and in
-    turn those above them."""
+    turn those above them. A moving patch never applied yet may change anything
+    of its trigger module: every later patch applied there counts as above it
+    (taking one off and on again costs a re-wrap; wrapping above it would not
+    stack in registration order)."""
     moving_ids = {p.id for p in moving}
-    below = [(_position(p), _states[p.id].touched) for p in moving if _states[p.id].touched]
+    below = [(_position(p), _states[p.id].touched, None if _states[p.id].touched else p.module) for p in moving]
     above: List[Patch] = []
     grew = True
     while grew:
@@ -515,9 +518,10 @@ def _stacked_above(moving: List[Patch]) -> List[Patch]:
             state = _states[patch.id]
             if patch.id in moving_ids or patch in above or state.patcher is None:
                 continue
-            if any(pos < _position(patch) and state.touched & touched for pos, touched in below):
+            if any(pos < _position(patch) and (state.touched & touched or module == patch.module)
+                   for pos, touched, module in below):
                 above.append(patch)
-                below.append((_position(patch), state.touched))
+                below.append((_position(patch), state.touched, None))
                 grew = True
     return above
 
