@@ -81,7 +81,8 @@ def engine_runs(monkeypatch):
 
 def _needs(patch_id):
     if trl_compat.status(patch_id) == trl_compat.NOT_NEEDED:
-        pytest.skip(f"{patch_id} is not needed with this TRL: {trl_compat.report()}")
+        reason = next(s.reason for s in trl_compat.report() if s.id == patch_id)
+        pytest.skip(f"{patch_id} is not needed here: {reason}")
     assert trl_compat.status(patch_id) == trl_compat.APPLIED, trl_compat.report()
 
 
