@@ -21,7 +21,7 @@ import sys
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 ENGINE_TESTS = ["tests/test_vllm_real.py", "tests/test_vllm_standin_vs_real.py"]
-TRL_TESTS = ["tests/test_matrix_status.py", "tests/test_vllm_real_grpo.py"]
+TRL_TESTS = ["tests/test_matrix_status.py", "tests/test_vllm_real_grpo.py", "tests/test_vllm_prompts_real.py"]
 
 
 def releases() -> list[str]:
