@@ -15,6 +15,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from trl_compat import _engine
+from trl_compat._engine import versions as engine_versions
 from trl_compat.patches import PATCHES
 
 ANY = "99.0"  # for a dist a patch only needs installed (deepspeed ">=0")
@@ -40,7 +41,7 @@ def expectations(named):
 
 
 def gate_with(monkeypatch, patch, versions):
-    monkeypatch.setattr(_engine, "dist_version", lambda dist: versions.get(dist))
+    monkeypatch.setattr(engine_versions, "dist_version", lambda dist: versions.get(dist))
     status, reason, _ = _engine.gate(patch)
     return status is None, reason
 

@@ -1,15 +1,9 @@
-"""The engine on synthetic modules: runs in every cell, trl or not."""
+"""trl_compat._engine.lifecycle and .state on synthetic modules: install, hook, probe, apply,
+revert, stacking, strict mode, switches. Runs in every cell, trl or not."""
 
-import functools
 import importlib
-import json
 import logging
-import os
-import subprocess
-import sys
-import textwrap
 import threading
-import uuid
 
 import pytest
 
@@ -17,66 +11,8 @@ import trl_compat
 from trl_compat import _engine as engine
 from trl_compat._engine import Patch, needed, not_needed, undecided
 
-TRAINER_SRC = '''
-class Base:
-    def step(self, x):
-        return ("base", x)
 
-class Trainer(Base):
-    def other(self):
-        return "other"
-'''
-
-
-@pytest.fixture
-def fake_pkg(tmp_path, monkeypatch):
-    """A fresh, not yet imported package ``<name>.trainer`` with an inherited method."""
-    name = "tcfake_" + uuid.uuid4().hex[:8]
-    pkg = tmp_path / name
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "trainer.py").write_text(TRAINER_SRC)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield name + ".trainer"
-    for mod in [m for m in sys.modules if m.startswith(name)]:
-        del sys.modules[mod]
-
-
-calls = []
-
-
-def wrap_step(module, patcher):
-    original = module.Trainer.step
-
-    def step(self, *args, **kwargs):
-        calls.append(args)
-        return ("patched",) + original(self, *args, **kwargs)[1:]
-
-    patcher.replace(module.Trainer, "step", step)
-
-
-def make_patch(module, pid=None, probe=lambda m: needed("bug found"), apply=wrap_step,
-               target="Trainer.step", requires=None):
-    patch = Patch(
-        id=pid or "test-" + uuid.uuid4().hex[:6], summary="test patch", upstream="none",
-        module=module, target=target, requires=requires or {}, probe=probe, apply=apply,
-    )
-    engine.register(patch)
-    return patch
-
-
-@pytest.fixture(autouse=True)
-def forget_test_patches(monkeypatch):
-    monkeypatch.delenv("TRL_COMPAT_STRICT", raising=False)
-    monkeypatch.delenv("TRL_COMPAT_DISABLE", raising=False)
-    calls.clear()
-    yield
-    for patch in engine.registry():
-        if patch.id.startswith("test-"):
-            engine.unregister(patch.id)
-
-
-def test_applies_when_the_module_is_imported_after_install(fake_pkg):
+def test_applies_when_the_module_is_imported_after_install(fake_pkg, make_patch):
     patch = make_patch(fake_pkg)
     trl_compat.install(patch.id)
     assert trl_compat.status(patch.id) == trl_compat.PENDING
@@ -86,7 +22,7 @@ def test_applies_when_the_module_is_imported_after_install(fake_pkg):
     assert patch.id in trl_compat.applied()
 
 
-def test_applies_when_the_module_was_imported_before(fake_pkg):
+def test_applies_when_the_module_was_imported_before(fake_pkg, make_patch):
     mod = importlib.import_module(fake_pkg)
     patch = make_patch(fake_pkg)
     trl_compat.install(patch.id)
@@ -94,7 +30,7 @@ def test_applies_when_the_module_was_imported_before(fake_pkg):
     assert mod.Trainer().step(2) == ("patched", 2)
 
 
-def test_install_twice_wraps_once(fake_pkg):
+def test_install_twice_wraps_once(fake_pkg, make_patch, calls):
     mod = importlib.import_module(fake_pkg)
     patch = make_patch(fake_pkg)
     trl_compat.install(patch.id)
@@ -104,7 +40,7 @@ def test_install_twice_wraps_once(fake_pkg):
     assert calls == [(3,)]
 
 
-def test_concurrent_installs_wrap_once(fake_pkg):
+def test_concurrent_installs_wrap_once(fake_pkg, make_patch, calls):
     mod = importlib.import_module(fake_pkg)
     patch = make_patch(fake_pkg)
     barrier = threading.Barrier(4)
@@ -122,7 +58,7 @@ def test_concurrent_installs_wrap_once(fake_pkg):
     assert calls == [(4,)]
 
 
-def test_revert_of_an_inherited_method_deletes_it(fake_pkg):
+def test_revert_of_an_inherited_method_deletes_it(fake_pkg, make_patch):
     mod = importlib.import_module(fake_pkg)
     patch = make_patch(fake_pkg)
     assert "step" not in vars(mod.Trainer)
@@ -136,7 +72,7 @@ def test_revert_of_an_inherited_method_deletes_it(fake_pkg):
     assert mod.Trainer().step(6) == ("patched", 6)
 
 
-def test_revert_restores_an_own_attribute_exactly(fake_pkg):
+def test_revert_restores_an_own_attribute_exactly(fake_pkg, make_patch):
     mod = importlib.import_module(fake_pkg)
     before = vars(mod.Trainer)["other"]
 
@@ -150,7 +86,7 @@ def test_revert_restores_an_own_attribute_exactly(fake_pkg):
     assert vars(mod.Trainer)["other"] is before
 
 
-def test_revert_neutralises_a_hook_that_has_not_fired(fake_pkg):
+def test_revert_neutralises_a_hook_that_has_not_fired(fake_pkg, make_patch):
     patch = make_patch(fake_pkg)
     trl_compat.install(patch.id)
     trl_compat.revert(patch.id)
@@ -173,7 +109,7 @@ def _tagging(tag):
     return apply
 
 
-def test_a_patch_applied_for_the_first_time_goes_below_later_ones(fake_pkg, monkeypatch):
+def test_a_patch_applied_for_the_first_time_goes_below_later_ones(fake_pkg, monkeypatch, make_patch):
     """An opt-in patch switched on after start-up (or any patch applied late) has never
     changed anything yet: it must still land below the later-registered patches on the same
     method, or reverting one of those later leaves it wrapped in place ("replaced after
@@ -199,7 +135,7 @@ def test_a_patch_applied_for_the_first_time_goes_below_later_ones(fake_pkg, monk
     assert trl_compat.status(upper.id) == trl_compat.APPLIED
 
 
-def test_reverting_the_lower_of_two_stacked_patches(fake_pkg):
+def test_reverting_the_lower_of_two_stacked_patches(fake_pkg, make_patch):
     """Two patches wrap the same method; reverting the first one must remove it for
     real (not leave it under the second) and keep the second one working."""
     mod = importlib.import_module(fake_pkg)
@@ -226,7 +162,7 @@ def test_reverting_the_lower_of_two_stacked_patches(fake_pkg):
     assert mod.Trainer().step(5) == ("base", 5)
 
 
-def test_reverting_the_upper_of_two_stacked_patches(fake_pkg):
+def test_reverting_the_upper_of_two_stacked_patches(fake_pkg, make_patch):
     mod = importlib.import_module(fake_pkg)
     lower = make_patch(fake_pkg, apply=_tagging("lower"))
     upper = make_patch(fake_pkg, apply=_tagging("upper"))
@@ -237,7 +173,7 @@ def test_reverting_the_upper_of_two_stacked_patches(fake_pkg):
     trl_compat.revert(lower.id)
     assert "step" not in vars(mod.Trainer)
 
-def test_apply_that_raises_half_way_leaves_nothing_patched(fake_pkg, caplog):
+def test_apply_that_raises_half_way_leaves_nothing_patched(fake_pkg, caplog, make_patch):
     mod = importlib.import_module(fake_pkg)
     before = dict(vars(mod.Trainer))
 
@@ -255,7 +191,7 @@ def test_apply_that_raises_half_way_leaves_nothing_patched(fake_pkg, caplog):
     assert mod.Trainer().step(8) == ("base", 8)
 
 
-def test_probe_that_raises_is_reported_not_raised(fake_pkg, caplog):
+def test_probe_that_raises_is_reported_not_raised(fake_pkg, caplog, make_patch):
     importlib.import_module(fake_pkg)
 
     def probe(module):
@@ -268,7 +204,7 @@ def test_probe_that_raises_is_reported_not_raised(fake_pkg, caplog):
     assert "probe exploded" in caplog.text
 
 
-def test_strict_mode_raises(fake_pkg, monkeypatch):
+def test_strict_mode_raises(fake_pkg, monkeypatch, make_patch):
     importlib.import_module(fake_pkg)
     monkeypatch.setenv("TRL_COMPAT_STRICT", "1")
 
@@ -280,7 +216,7 @@ def test_strict_mode_raises(fake_pkg, monkeypatch):
         trl_compat.install(patch.id)
 
 
-def test_strict_mode_raises_at_import_time(fake_pkg, monkeypatch):
+def test_strict_mode_raises_at_import_time(fake_pkg, monkeypatch, make_patch):
     monkeypatch.setenv("TRL_COMPAT_STRICT", "1")
     patch = make_patch(fake_pkg, target="Trainer.renamed_method")
     trl_compat.install(patch.id)
@@ -288,7 +224,7 @@ def test_strict_mode_raises_at_import_time(fake_pkg, monkeypatch):
         importlib.import_module(fake_pkg)
 
 
-def test_missing_target(fake_pkg, caplog):
+def test_missing_target(fake_pkg, caplog, make_patch):
     mod = importlib.import_module(fake_pkg)
     patch = make_patch(fake_pkg, target="Trainer.renamed_method")
     with caplog.at_level(logging.WARNING, logger="trl_compat"):
@@ -298,7 +234,7 @@ def test_missing_target(fake_pkg, caplog):
     assert mod.Trainer().step(9) == ("base", 9)
 
 
-def test_probe_verdicts(fake_pkg):
+def test_probe_verdicts(fake_pkg, make_patch):
     mod = importlib.import_module(fake_pkg)
     fixed = make_patch(fake_pkg, probe=lambda m: not_needed("fixed upstream"))
     unsure = make_patch(fake_pkg, probe=lambda m: undecided("cannot tell"))
@@ -311,7 +247,7 @@ def test_probe_verdicts(fake_pkg):
 
 
 @pytest.mark.parametrize("value", ["one-id", "*", " x , one-id "])
-def test_disable(fake_pkg, monkeypatch, value):
+def test_disable(fake_pkg, monkeypatch, value, make_patch):
     mod = importlib.import_module(fake_pkg)
     patch = make_patch(fake_pkg, pid="test-one-id")
     monkeypatch.setenv("TRL_COMPAT_DISABLE", value.replace("one-id", patch.id))
@@ -320,7 +256,7 @@ def test_disable(fake_pkg, monkeypatch, value):
     assert mod.Trainer().step(10) == ("base", 10)
 
 
-def test_a_second_copy_of_the_engine_does_not_wrap_again(fake_pkg):
+def test_a_second_copy_of_the_engine_does_not_wrap_again(fake_pkg, make_patch, calls):
     mod = importlib.import_module(fake_pkg)
     first = make_patch(fake_pkg, pid="test-twin")
     trl_compat.install(first.id)
@@ -335,106 +271,7 @@ def test_a_second_copy_of_the_engine_does_not_wrap_again(fake_pkg):
     delattr(mod.Trainer, "step")  # the first copy's wrapper; no record of it is left to revert
 
 
-@pytest.mark.parametrize(
-    "installed, window, expected",
-    [
-        ("0.15.0", ">=0.15.0.dev0,<0.15.1", None),
-        ("0.15.0.dev0", ">=0.15.0.dev0,<0.15.1", None),
-        ("0.15.0+cu124", ">=0.15.0.dev0,<0.15.1", None),
-        ("0.14.0", "<0.16", None),
-        ("0.15.1", ">=0.15.0.dev0,<0.15.1", trl_compat.NOT_NEEDED),
-        ("0.16.0.dev0", "<0.16", trl_compat.NOT_NEEDED),
-        ("1.16.0", "<0.20", trl_compat.NOT_NEEDED),
-        ("not a version", "<0.20", trl_compat.UNKNOWN_VERSION),
-    ],
-)
-def test_version_gate(monkeypatch, installed, window, expected):
-    monkeypatch.setattr(engine, "dist_version", lambda dist: installed)
-    patch = Patch(id="test-gate", summary="", upstream="", module="x", target="y",
-                  requires={"trl": window}, probe=None, apply=None)
-    status, reason, versions = engine.gate(patch)
-    assert status == expected, reason
-    assert versions == {"trl": installed}
-    if expected == trl_compat.UNKNOWN_VERSION:
-        assert repr(installed) in reason
-
-
-def test_version_gate_without_metadata(monkeypatch):
-    monkeypatch.setattr(engine, "dist_version", lambda dist: None)
-    missing = Patch(id="test-gate", summary="", upstream="", module="x", target="y",
-                    requires={"surely-not-installed-dist": ">=0"}, probe=None, apply=None)
-    assert engine.gate(missing)[0] == trl_compat.NOT_NEEDED
-    # importable but no metadata (e.g. a source checkout on sys.path): unknown, not guessed
-    importable = Patch(id="test-gate", summary="", upstream="", module="x", target="y",
-                       requires={"wrapt": ">=0"}, probe=None, apply=None)
-    status, reason, _ = engine.gate(importable)
-    assert status == trl_compat.UNKNOWN_VERSION and "no distribution metadata" in reason
-
-
-def test_summary_line_once_settled(fake_pkg, caplog):
-    patch = make_patch(fake_pkg)
-    with caplog.at_level(logging.INFO, logger="trl_compat"):
-        trl_compat.install(patch.id)
-        importlib.import_module(fake_pkg)
-    summaries = [r for r in caplog.records if r.levelno == logging.INFO and "applied" in r.getMessage()]
-    if any(s.status == trl_compat.PENDING for s in trl_compat.report()):
-        pytest.skip("other patches still wait for their modules in this cell")
-    assert len(summaries) == 1 and patch.id in summaries[0].getMessage()
-
-
-def run_py(code, **env):
-    full_env = dict(os.environ, **env)
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                         text=True, env=full_env, timeout=300)
-    assert out.returncode == 0, out.stderr
-    return out.stdout
-
-
-def test_import_is_light():
-    out = run_py("""
-        import sys, trl_compat
-        heavy = [m for m in ("torch", "transformers", "trl", "peft", "deepspeed", "vllm") if m in sys.modules]
-        print(heavy)
-    """)
-    assert out.strip() == "[]"
-
-
-def test_cli_json_and_table():
-    data = json.loads(run_py("import sys; from trl_compat.__main__ import main; sys.exit(main(['--json']))"))
-    assert set(data["versions"]) >= {"python", "torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "vllm"}
-    assert [p["id"] for p in data["patches"]] == [p.id for p in engine.registry() if not p.id.startswith("test-")]
-    for rec in data["patches"]:
-        assert rec["status"] != trl_compat.PENDING, rec  # the CLI imports trigger modules
-        assert rec["reason"]
-    table = run_py("import runpy; runpy.run_module('trl_compat', run_name='__main__')")
-    assert "patch" in table and "status" in table
-    for rec in data["patches"]:
-        assert rec["id"] in table
-
-
-IMPORT_ORDERS = {
-    "trl_compat first": "import trl_compat\nfrom trl import GRPOTrainer\nimport trl.trainer.grpo_trainer, trl.models.utils",
-    "trl first": "from trl import GRPOTrainer\nimport trl.trainer.grpo_trainer, trl.models.utils\nimport trl_compat",
-}
-
-
-def test_import_order_does_not_matter_on_real_trl():
-    pytest.importorskip("trl")
-    orders = dict(IMPORT_ORDERS)
-    if trl_compat.status("transformers5-import") == trl_compat.APPLIED:
-        # On transformers 5 the GRPO module cannot import before the fix (that is the bug):
-        # trl first, then trl_compat, then the GRPO modules.
-        orders["trl first"] = "import trl, trl.import_utils\nimport trl_compat\n" + IMPORT_ORDERS["trl first"].split("\n")[0]
-    reports = {}
-    for order, code in orders.items():
-        out = run_py(code + "\nimport json\nprint(json.dumps([(r.id, r.status) for r in trl_compat.report()]))")
-        reports[order] = json.loads(out.strip().splitlines()[-1])
-    first, second = reports.values()
-    assert first == second
-    assert all(status != trl_compat.PENDING for _, status in first)
-
-
-def test_a_replaced_class_is_a_conflict_not_a_double_patch(fake_pkg, caplog):
+def test_a_replaced_class_is_a_conflict_not_a_double_patch(fake_pkg, caplog, make_patch):
     mod = importlib.import_module(fake_pkg)
     # What Unsloth does: a class rebuilt elsewhere is bound under TRL's name.
     rebuilt = type("UnslothTrainer", (mod.Base,), {"__module__": "unsloth_compiled_cache.UnslothTrainer"})
@@ -447,101 +284,13 @@ def test_a_replaced_class_is_a_conflict_not_a_double_patch(fake_pkg, caplog):
     assert "step" not in vars(rebuilt)
 
 
-def test_a_class_replaced_after_patching_is_reported(fake_pkg):
-    mod = importlib.import_module(fake_pkg)
-    patch = make_patch(fake_pkg)
-    trl_compat.install(patch.id)
-    mod.Trainer = type("UnslothTrainer", (mod.Base,), {"__module__": "unsloth_compiled_cache.UnslothTrainer"})
-    reason = {r.id: r.reason for r in trl_compat.report()}[patch.id]
-    assert "has since been replaced by unsloth_compiled_cache.UnslothTrainer" in reason
-
-
-def test_a_user_subclass_overriding_the_target_is_reported(fake_pkg):
-    mod = importlib.import_module(fake_pkg)
-    patch = make_patch(fake_pkg)
-    trl_compat.install(patch.id)
-
-    class MyTrainer(mod.Trainer):
-        def step(self, x):
-            return ("mine", x)
-
-    reason = {r.id: r.reason for r in trl_compat.report()}[patch.id]
-    assert "MyTrainer" in reason and "super()" in reason
-
-
-# -- windows, wrap, markers, undo callbacks ------------------------------------------------
-
-
-@pytest.mark.parametrize("since, fixed_in, inside, outside", [
-    ("0.14.0", "0.15.0", ["0.14.0.dev0", "0.14.0", "0.14.1", "0.15.0.dev0", "0.15.0.dev0+g1f344c9"],
-     ["0.13.9", "0.15.0a1", "0.15.0rc1", "0.15.0", "0.16.0.dev0"]),
-    ("0.15.0", "0.16.0", ["0.15.0.dev0", "0.15.2", "0.16.0.dev0", "0.16.0.dev3"], ["0.14.0", "0.16.0", "0.16.0rc0"]),
-    ("0.18.0", None, ["0.18.0.dev0", "0.19.1", "1.16.0"], ["0.17.0", "0.17.1.dev0"]),
-])
-def test_affected_holds_the_dev_builds_at_both_ends(since, fixed_in, inside, outside):
-    from packaging.specifiers import SpecifierSet
-
-    window = SpecifierSet(engine.affected(since, fixed_in), prereleases=True)
-    assert [v for v in inside if v not in window] == []
-    assert [v for v in outside if v in window] == []
-
-
-class Descriptors:
-    @staticmethod
-    def static(x):
-        return ("static", x)
-
-    @classmethod
-    def klass(cls, x):
-        return (cls.__name__, x)
-
-
-class DescriptorsChild(Descriptors):
-    pass
-
-
 def _prefixing(original):
     def wrapper(*args, **kwargs):
         return ("wrapped",) + original(*args, **kwargs)
     return wrapper
 
 
-def test_wrap_keeps_staticmethod_and_classmethod_binding():
-    patcher = engine.Patcher("test-wrap")
-    patcher.wrap(DescriptorsChild, "static", _prefixing)
-    patcher.wrap(DescriptorsChild, "klass", _prefixing)
-    try:
-        assert DescriptorsChild.static(1) == ("wrapped", "static", 1)
-        assert DescriptorsChild().static(2) == ("wrapped", "static", 2)
-        assert DescriptorsChild.klass(3) == ("wrapped", "DescriptorsChild", 3)
-        assert Descriptors.static(4) == ("static", 4)  # the base class is untouched
-        assert patcher.changed() == [f"{__name__}.DescriptorsChild.static", f"{__name__}.DescriptorsChild.klass"]
-    finally:
-        patcher.undo()
-    assert "static" not in vars(DescriptorsChild) and "klass" not in vars(DescriptorsChild)
-
-
-def test_a_second_copy_of_the_same_patch_is_refused_even_under_another_patch():
-    """Two copies of trl_compat (vendored + installed) must not wrap twice: the marker
-    travels with the wrappers stacked on top (functools.wraps copies it)."""
-    first, upper, second = engine.Patcher("test-lower"), engine.Patcher("test-upper"), engine.Patcher("test-lower")
-    first.wrap(DescriptorsChild, "static", _prefixing)
-
-    def wraps_factory(original):
-        return functools.wraps(original)(lambda *a, **k: original(*a, **k))
-
-    upper.wrap(DescriptorsChild, "static", wraps_factory)
-    try:
-        assert engine.markers(vars(DescriptorsChild)["static"]) == {"test-lower", "test-upper"}
-        with pytest.raises(engine.AlreadyPatched):
-            second.wrap(DescriptorsChild, "static", _prefixing)
-        assert DescriptorsChild.static(1) == ("wrapped", "static", 1)  # wrapped once
-    finally:
-        upper.undo()
-        first.undo()
-
-
-def test_already_patched_by_another_copy_is_reported_and_nothing_changes(fake_pkg):
+def test_already_patched_by_another_copy_is_reported_and_nothing_changes(fake_pkg, make_patch):
     mod = importlib.import_module(fake_pkg)
     patch = make_patch(fake_pkg, apply=lambda m, p: p.wrap(m.Trainer, "step", _prefixing))
     other_copy = engine.Patcher(patch.id)
@@ -555,7 +304,7 @@ def test_already_patched_by_another_copy_is_reported_and_nothing_changes(fake_pk
         other_copy.undo()
 
 
-def test_on_undo_runs_on_revert_and_on_rollback(fake_pkg):
+def test_on_undo_runs_on_revert_and_on_rollback(fake_pkg, make_patch):
     importlib.import_module(fake_pkg)
     undone = []
 
@@ -577,14 +326,7 @@ def test_on_undo_runs_on_revert_and_on_rollback(fake_pkg):
     assert trl_compat.status(failing.id) == trl_compat.FAILED and undone == ["state", "state"]
 
 
-def test_report_target_is_what_was_changed(fake_pkg):
-    importlib.import_module(fake_pkg)
-    patch = make_patch(fake_pkg, target="Trainer", apply=lambda m, p: p.wrap(m.Trainer, "step", _prefixing))
-    trl_compat.install(patch.id)
-    assert {r.id: r.target for r in trl_compat.report()}[patch.id] == f"{fake_pkg}.Trainer.step"
-
-
-def test_an_opt_in_patch_is_disabled_until_its_switch_is_on(fake_pkg, monkeypatch, caplog):
+def test_an_opt_in_patch_is_disabled_until_its_switch_is_on(fake_pkg, monkeypatch, caplog, wrap_step):
     mod = importlib.import_module(fake_pkg)
     monkeypatch.delenv("TEST_TRL_COMPAT_OPT_IN", raising=False)
     patch = Patch(id="test-opt-in", summary="", upstream="", module=fake_pkg, target="Trainer.step", requires={},

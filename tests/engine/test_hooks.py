@@ -1,0 +1,98 @@
+"""trl_compat._engine.hooks: a hook runs once its module is imported, at once if it already
+is, whatever the import order; and ``import trl_compat`` stays light."""
+
+import importlib
+import inspect
+import json
+import sys
+import uuid
+
+import pytest
+
+import trl_compat
+from trl_compat._engine import hooks
+
+
+@pytest.fixture
+def fresh_module(tmp_path, monkeypatch):
+    name = "tchook_" + uuid.uuid4().hex[:8]
+    (tmp_path / f"{name}.py").write_text("def f():\n    return 'f'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    sys.modules.pop(name, None)
+    hooks._hooks.pop(name, None)
+
+
+def test_a_hook_fires_once_its_module_is_imported(fresh_module):
+    seen = []
+    hooks.when_imported(fresh_module, seen.append)
+    hooks.when_imported(fresh_module, lambda m: seen.append(m.f()))
+    assert seen == []
+    module = importlib.import_module(fresh_module)
+    assert seen == [module, "f"]
+    importlib.import_module(fresh_module)  # once only
+    assert seen == [module, "f"]
+
+
+def test_a_hook_fires_at_once_on_an_imported_module(fresh_module):
+    module = importlib.import_module(fresh_module)
+    seen = []
+    hooks.when_imported(fresh_module, seen.append)
+    assert seen == [module]
+
+
+def test_the_module_keeps_its_own_loader(fresh_module):
+    """Probes read source through the module's loader: ours must not stay in its place."""
+    hooks.when_imported(fresh_module, lambda m: None)
+    module = importlib.import_module(fresh_module)
+    assert not isinstance(module.__loader__, hooks._Loader)
+    assert not isinstance(module.__spec__.loader, hooks._Loader)
+    assert "return 'f'" in inspect.getsource(module.f)
+
+
+def test_a_failed_import_keeps_the_hook_for_the_next_try(fresh_module, tmp_path):
+    (tmp_path / f"{fresh_module}.py").write_text("raise ImportError('not yet')\n")
+    importlib.invalidate_caches()
+    seen = []
+    hooks.when_imported(fresh_module, seen.append)
+    with pytest.raises(ImportError, match="not yet"):
+        importlib.import_module(fresh_module)
+    assert seen == []
+    (tmp_path / f"{fresh_module}.py").write_text("x = 1\n")
+    sys.modules.pop(fresh_module, None)
+    importlib.invalidate_caches()
+    module = importlib.import_module(fresh_module)
+    assert seen == [module]
+
+
+def test_import_is_light(run_py):
+    """No TRL stack, and none of what made it cost 10x a bare start-up (wrapt's asyncio/ssl,
+    importlib.metadata, packaging): the gate reads metadata files and compares versions itself."""
+    out = run_py("""
+        import sys, trl_compat
+        heavy = ("torch", "transformers", "trl", "peft", "deepspeed", "vllm", "wrapt", "asyncio", "ssl",
+                 "importlib.metadata", "packaging", "packaging.version", "email")
+        print([m for m in heavy if m in sys.modules])
+    """)
+    assert out.strip() == "[]"
+
+
+ORDERS = {
+    "trl first": "from trl import GRPOTrainer\nimport trl.trainer.grpo_trainer, trl.models.utils\nimport trl_compat",
+    # On transformers 5 the GRPO module cannot import before the fix (that is the bug):
+    # trl first, then trl_compat, then the GRPO modules.
+    "trl first, transformers 5": "import trl, trl.import_utils\nimport trl_compat\nfrom trl import GRPOTrainer\n"
+                                 "import trl.trainer.grpo_trainer, trl.models.utils",
+}
+
+
+def test_import_order_does_not_matter_on_real_trl(fresh_cli, run_py):
+    """trl_compat first (the CLI's process: it imports every trigger module after trl_compat)
+    and trl first end with the same statuses."""
+    pytest.importorskip("trl")
+    order = "trl first" + (", transformers 5" if trl_compat.status("transformers5-import") == trl_compat.APPLIED else "")
+    out = run_py(ORDERS[order] + "\nimport json\nprint(json.dumps([(r.id, r.status) for r in trl_compat.report()]))")
+    trl_first = [tuple(pair) for pair in json.loads(out.strip().splitlines()[-1])]
+    compat_first = [(r["id"], r["status"]) for r in fresh_cli[0]["patches"]]
+    assert trl_first == compat_first
+    assert all(status != trl_compat.PENDING for _, status in trl_first)
