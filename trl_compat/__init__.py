@@ -50,5 +50,5 @@ except Exception:  # noqa: BLE001 - a bug of ours must not stop the user's train
         raise
     import logging
 
-    logging.getLogger("trl_compat").exception("trl_compat: installing patches failed; nothing was patched")
+    logging.getLogger(__name__).exception("trl_compat: installing patches failed; nothing was patched")
     revert()
