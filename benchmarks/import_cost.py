@@ -6,7 +6,8 @@ variants in rotating order (so that the machine's load falls on all of them alik
 
 - **python -c pass**: the interpreter alone;
 - **import trl_compat**: ``python -c "import trl_compat"`` (registers and gates every patch,
-  hooks the in-window ones to TRL's modules; imports no torch, transformers or trl);
+  hooks the in-window ones to TRL's modules; imports no torch, transformers or trl), the installed
+  copy (it runs in a temporary directory, not in this tree);
 - **TRL_COMPAT_AUTO=1**: ``python -c pass`` with the switch on, where the wheel's
   ``trl_compat.pth`` is installed (trl_compat imported at start-up by ``site``).
 
@@ -24,9 +25,12 @@ import statistics
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 
 COUNT = "import sys; print(len(sys.modules))"
+# Run away from any source tree: `python -c` puts the working directory first on sys.path.
+CWD = tempfile.gettempdir()
 
 
 def variants():
@@ -42,7 +46,7 @@ def variants():
 def cpu_ms(cmd, env):
     """CPU time of one run, and its wall time, in ms."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, env=env, cwd=CWD, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
@@ -52,13 +56,13 @@ def cpu_ms(cmd, env):
 
 def modules(cmd, env):
     code = cmd[-1] + "\n" + COUNT if cmd[-1] != "pass" else COUNT
-    out = subprocess.run(cmd[:-1] + [code], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(cmd[:-1] + [code], env=env, cwd=CWD, capture_output=True, text=True, check=True)
     return int(out.stdout.strip().splitlines()[-1])
 
 
 def dist(name):
     out = subprocess.run([sys.executable, "-c", f"import importlib.metadata as m; print(m.version({name!r}))"],
-                         capture_output=True, text=True)
+                         cwd=CWD, capture_output=True, text=True)
     return out.stdout.strip() or "-"
 
 
