@@ -145,4 +145,4 @@ def test_a_class_built_at_run_time_is_undecided_with_the_reason():
     module = types.ModuleType("tcprose_runtime")
     exec("class GRPOTrainer:\n    def _move_model_to_vllm(self):\n        pass\n", vars(module))
     with pytest.raises(SourceUnavailable):
-        vllm_prefix_cache.probe(module)  # the engine reports it "undecided" (tests/test_engine.py)
+        vllm_prefix_cache.probe(module)  # the engine reports it "undecided" (tests/engine/test_source.py)
