@@ -5,6 +5,8 @@ Run it with the Python of a matrix cell's venv where trl-compat is installed
 variants in rotating order (so that the machine's load falls on all of them alike):
 
 - **python -c pass**: the interpreter alone;
+- **import logging, dataclasses, inspect, typing**: the standard library modules that the engine
+  and the patch modules import at start-up, a floor for the import of trl_compat as it is built;
 - **import trl_compat**: ``python -c "import trl_compat"`` (registers and gates every patch,
   hooks the in-window ones to TRL's modules; imports no torch, transformers or trl), the installed
   copy (it runs in a temporary directory, not in this tree);
@@ -29,6 +31,8 @@ import tempfile
 import time
 
 COUNT = "import sys; print(len(sys.modules))"
+# The standard library modules trl_compat's own modules and its patches import at start-up.
+FLOOR = "import logging, dataclasses, inspect, typing"
 # Run away from any source tree: `python -c` puts the working directory first on sys.path.
 CWD = tempfile.gettempdir()
 
@@ -36,6 +40,7 @@ CWD = tempfile.gettempdir()
 def variants():
     env = {k: v for k, v in os.environ.items() if k not in ("TRL_COMPAT_AUTO", "PYTHONPATH")}
     found = [("python -c pass", [sys.executable, "-c", "pass"], env),
+             ("import logging, dataclasses, inspect, typing", [sys.executable, "-c", FLOOR], env),
              ("import trl_compat", [sys.executable, "-c", "import trl_compat"], env)]
     if os.path.exists(os.path.join(sysconfig.get_paths()["purelib"], "trl_compat.pth")):
         found.append(("TRL_COMPAT_AUTO=1, python -c pass", [sys.executable, "-c", "pass"],
@@ -70,6 +75,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--out", default="")
+    parser.add_argument("--before", default="", help="a markdown file appended as is (an earlier run, for comparison)")
     args = parser.parse_args()
     runs = variants()
     for _, cmd, env in runs:  # warm the page cache and the .pyc files
@@ -103,6 +109,9 @@ def main():
         lines.append(f"| {name} | {statistics.median(cpu[name]):.1f} | {q[0]:.1f} – {q[2]:.1f} | "
                      f"{statistics.median(cpu[name]) / base:.2f} | {statistics.median(wall[name]):.1f} | "
                      f"{modules(cmd, env)} |")
+    if args.before:
+        with open(args.before) as fh:
+            lines += ["", fh.read().rstrip()]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
