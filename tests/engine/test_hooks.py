@@ -96,3 +96,50 @@ def test_import_order_does_not_matter_on_real_trl(fresh_cli, run_py):
     compat_first = [(r["id"], r["status"]) for r in fresh_cli[0]["patches"]]
     assert trl_first == compat_first
     assert all(status != trl_compat.PENDING for _, status in trl_first)
+
+
+def test_a_module_still_executing_in_another_thread_is_patched_once_it_is_done(tmp_path, monkeypatch, make_patch):
+    """install() while another thread is half-way through the trigger module: the hook fires at
+    once (the module is in sys.modules), waits for that import, then probes the whole module."""
+    import threading
+    import types
+
+    name = "tcslow_" + uuid.uuid4().hex[:8]
+    signals = types.ModuleType(name + "_signals")
+    signals.started, signals.go = threading.Event(), threading.Event()
+    monkeypatch.setitem(sys.modules, signals.__name__, signals)
+    (tmp_path / f"{name}.py").write_text(
+        f"import {signals.__name__} as signals\n"
+        "class Trainer:\n    def step(self, x):\n        return ('base', x)\n"
+        "signals.started.set()\nsignals.go.wait(60)\n"
+        "DONE = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+
+    def probe(module):
+        seen.append(getattr(module, "DONE", False))
+        return trl_compat._engine.needed("bug found")
+
+    patch = make_patch(name, probe=probe)
+    importer = threading.Thread(target=importlib.import_module, args=(name,))
+    installer = threading.Thread(target=trl_compat.install, args=(patch.id,))
+    real_import = importlib.import_module
+
+    def import_module(module_name, *args):
+        if module_name == name:
+            signals.go.set()  # the hook is about to wait for the importing thread: let it finish
+        return real_import(module_name, *args)
+
+    try:
+        importer.start()
+        assert signals.started.wait(60)
+        monkeypatch.setattr(importlib, "import_module", import_module)
+        installer.start()
+        importer.join(60)
+        installer.join(60)
+        assert seen == [True]
+        assert trl_compat.status(patch.id) == trl_compat.APPLIED
+        assert sys.modules[name].Trainer().step(1) == ("patched", 1)
+    finally:
+        signals.go.set()
+        sys.modules.pop(name, None)
