@@ -2,6 +2,7 @@
 is, whatever the import order; and ``import trl_compat`` stays light."""
 
 import importlib
+import importlib.util
 import inspect
 import json
 import sys
@@ -45,9 +46,20 @@ def test_the_module_keeps_its_own_loader(fresh_module):
     """Probes read source through the module's loader: ours must not stay in its place."""
     hooks.when_imported(fresh_module, lambda m: None)
     module = importlib.import_module(fresh_module)
-    assert not isinstance(module.__loader__, hooks._Loader)
-    assert not isinstance(module.__spec__.loader, hooks._Loader)
+    assert type(module.__loader__) is not hooks._Loader
+    assert type(module.__spec__.loader) is not hooks._Loader
     assert "return 'f'" in inspect.getsource(module.f)
+
+
+def test_a_spec_found_before_the_import_looks_like_its_loader(fresh_module):
+    """importlib.util.find_spec() of a watched module gives our loader (as wrapt's did): it
+    passes for the real one in isinstance checks."""
+    from importlib.machinery import SourceFileLoader
+
+    hooks.when_imported(fresh_module, lambda m: None)
+    spec = importlib.util.find_spec(fresh_module)
+    assert type(spec.loader) is hooks._Loader and isinstance(spec.loader, SourceFileLoader)
+    assert "return 'f'" in spec.loader.get_source(fresh_module)
 
 
 def test_a_failed_import_keeps_the_hook_for_the_next_try(fresh_module, tmp_path):

@@ -87,6 +87,10 @@ class _Loader:
         self._loader.exec_module(module)
         _notify(module)
 
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # isinstance(spec.loader, SourceFileLoader) holds, as with wrapt's proxy
+        return type(self._loader)
+
     def __getattr__(self, name: str) -> Any:  # get_source, is_package, get_resource_reader...
         if name == "_loader":
             raise AttributeError(name)
