@@ -29,6 +29,7 @@ pytest.importorskip("transformers")
 
 import tiny  # noqa: E402
 
+from trl_compat._models import peel
 import trl_compat  # noqa: E402
 from trl_compat import vllm_sync  # noqa: E402
 
@@ -84,7 +85,7 @@ def lora(model=None, dtype=torch.float32, seed=0, **kwargs):
 
 def reference_state(model):
     """What a plain model of the base architecture holds: PEFT's own merge on a deep copy."""
-    model = vllm_sync._peel(model)
+    model = peel(model, peft=False, fsdp=False)
     model = copy.deepcopy(model)
     if hasattr(model, "merge_and_unload"):
         with warnings.catch_warnings():
@@ -146,7 +147,7 @@ def check_stream(model, *, formula=True):
     for name, tensor in got:
         assert tensor.dtype == ref[name].dtype and torch.equal(tensor, ref[name]), name
     assert_untouched(model, snap)
-    peft_model = vllm_sync._peel(model)
+    peft_model = peel(model, peft=False, fsdp=False)
     if formula and hasattr(peft_model, "get_base_model"):
         assert formula_check(peft_model, dict(got)) > 0
     return dict(got)
@@ -580,7 +581,7 @@ class SyncSpy:
 
 
 def _base_state(model):
-    model = copy.deepcopy(vllm_sync._peel(model))
+    model = copy.deepcopy(peel(model, peft=False, fsdp=False))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return model.unload().state_dict() if hasattr(model, "unload") else model.state_dict()

@@ -39,6 +39,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
+from trl_compat._models import peel
+
 log = logging.getLogger("trl_compat")
 
 __all__ = [
@@ -104,38 +106,19 @@ class _Peft:
         return cls is not None and isinstance(obj, cls)
 
 
-def _peel(model: Any) -> Any:
-    """Strip torch.compile (``_orig_mod``), DDP and DeepSpeed-engine (``module``) wrappers."""
-    import torch
-
-    for _ in range(16):
-        eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-        if eval_frame is not None and isinstance(model, eval_frame.OptimizedModule):
-            model = model._orig_mod
-            continue
-        inner = getattr(model, "module", None) if isinstance(model, torch.nn.Module) else None
-        if isinstance(inner, torch.nn.Module) and type(model).__name__ in {
-            "DistributedDataParallel", "DataParallel", "DeepSpeedEngine", "PipelineEngine",
-        }:
-            model = inner
-            continue
-        break
-    return model
-
-
 def _resolve(model: Any, peft: _Peft) -> Tuple[Any, Any]:
     """``(root, peft_model)``: the module whose state_dict names vLLM expects, and the
     PeftModel around it (or ``None``)."""
-    model = _peel(model)
+    model = peel(model, peft=False, fsdp=False)
     if peft.isinstance(model, "PeftModel"):
         tuner = getattr(model, "base_model", None)
         if not peft.isinstance(tuner, "BaseTuner"):
             raise UnsupportedModel(
                 f"PEFT type {getattr(model, 'peft_type', '?')} does not inject adapter layers into the model"
             )
-        return _peel(tuner.model), model
+        return peel(tuner.model, peft=False, fsdp=False), model
     if peft.isinstance(model, "BaseTuner"):  # a bare LoraModel
-        return _peel(model.model), None
+        return peel(model.model, peft=False, fsdp=False), None
     return model, None
 
 
@@ -507,7 +490,7 @@ def sync_trainer(trainer: Any) -> bool:
         plan = _Plan(model)
     except UnsupportedModel as exc:
         peft = _Peft()
-        peft_model = _peel(model)
+        peft_model = peel(model, peft=False, fsdp=False)
         if peft.isinstance(peft_model, "PeftModel") and callable(getattr(peft_model, "merge_adapter", None)):
             _warn_once(
                 "inplace:" + str(exc),
