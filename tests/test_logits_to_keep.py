@@ -27,6 +27,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from packaging.version import Version  # noqa: E402
 
+from trl_compat._models import peel
 import trl_compat  # noqa: E402
 from trl_compat import _engine  # noqa: E402
 from trl_compat.patches import logits_to_keep as ltk  # noqa: E402
@@ -136,7 +137,7 @@ class LmHeadRows:
 
     def __init__(self, model):
         self.rows = []
-        ltk.innermost(model).lm_head.register_forward_hook(lambda mod, inp, out: self.rows.append(out.shape[1]))
+        peel(model).lm_head.register_forward_hook(lambda mod, inp, out: self.rows.append(out.shape[1]))
 
 
 # -- TRL's own log-prob code -------------------------------------------------------------------
@@ -329,13 +330,13 @@ def test_deepcopy_rebinds_to_the_copy(facts):
 
 def test_innermost_through_wrappers(facts):
     model = OldLM()
-    assert ltk.innermost(torch.nn.DataParallel(model)) is model
-    assert ltk.innermost(torch.compile(model)) is model  # compiles lazily: nothing is compiled here
+    assert peel(torch.nn.DataParallel(model)) is model
+    assert peel(torch.compile(model)) is model  # compiles lazily: nothing is compiled here
     for name in ("DeepSpeedEngine", "DistributedDataParallel", "FullyShardedDataParallel"):
         # stand-ins by class name: these need a process group; all three keep the model as `.module`
         engine = type(name, (torch.nn.Module,), {})()
         engine.module = torch.nn.DataParallel(model)
-        assert ltk.innermost(engine) is model
+        assert peel(engine) is model
 
 
 def test_on_top_of_accelerate_mixed_precision(facts):
@@ -365,7 +366,7 @@ def test_innermost_through_peft():
     peft = pytest.importorskip("peft")
     model = make_qwen2()
     wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["q_proj"], task_type="CAUSAL_LM"))
-    assert ltk.innermost(wrapped) is model
+    assert peel(wrapped) is model
 
 
 def test_peft_calls_the_instance_forward(facts):
@@ -590,5 +591,5 @@ def test_grpo_run(tmp_path, arch, lora):
     for role, rows, k, err in checker.calls:
         assert err < 1e-4, (role, err)  # the log-probs TRL trains on
         assert rows == k + 1, (role, rows, k)  # the logits it got
-    inner = ltk.innermost(trainer.model)
+    inner = peel(trainer.model)
     assert ltk._ours(vars(inner).get("forward"))

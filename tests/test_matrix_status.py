@@ -27,9 +27,10 @@ APPLIED = {
                           "zero3-hooks-api", "zero3-unwrap"},
     "trl0.15.2-tf4.48.3-nopeft": {"dataloader-workers", "logits-to-keep", "pad-token", "peft-optional",
                                  "vllm-double-bos", "vllm-prefix-cache", "vllm-prompt-truncation"},
+    # the vLLM stand-in as vLLM 0.8.5 here (V1 by default): vllm-v1-engine
     "trl0.15.2-tf4.52.4": {"dataloader-workers", "pad-token", "peft-gradient-checkpointing", "reward-model-zero3",
                           "train-sampler-signature", "vllm-double-bos", "vllm-prefix-cache",
-                          "vllm-prompt-truncation", "zero3-hooks-api", "zero3-unwrap"},
+                          "vllm-prompt-truncation", "vllm-v1-engine", "zero3-hooks-api", "zero3-unwrap"},
     "trl0.16.1-tf4.50.3": {"dataloader-workers", "pad-token", "resume-buffered-inputs", "reward-model-zero3"},
     "trl0.16.1-tf4.52.4": {"dataloader-workers", "pad-token", "resume-buffered-inputs", "reward-model-zero3",
                           "train-sampler-signature"},

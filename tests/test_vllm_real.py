@@ -33,6 +33,7 @@ pytest.importorskip("peft")
 
 import tiny  # noqa: E402
 
+from trl_compat._models import peel
 import trl_compat  # noqa: E402
 from trl_compat import vllm_sync  # noqa: E402
 
@@ -70,7 +71,7 @@ def lora_model(seed=0, **kwargs):
 
 
 def merged_reference(model):
-    model = copy.deepcopy(vllm_sync._peel(model))
+    model = copy.deepcopy(peel(model, peft=False, fsdp=False))
     if not hasattr(model, "merge_and_unload"):  # full fine-tuning
         return model.state_dict()
     with warnings.catch_warnings():

@@ -43,6 +43,7 @@ pytest.importorskip("peft")
 import grpo_run  # noqa: E402
 import tiny  # noqa: E402
 
+from trl_compat._models import peel
 import trl_compat  # noqa: E402
 from trl_compat import vllm_sync  # noqa: E402
 
@@ -85,14 +86,14 @@ def dataset(n=8):
 
 
 def merged_state(model):
-    model = copy.deepcopy(vllm_sync._peel(model))
+    model = copy.deepcopy(peel(model, peft=False, fsdp=False))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return model.merge_and_unload().state_dict() if hasattr(model, "merge_and_unload") else model.state_dict()
 
 
 def base_state(model):
-    model = copy.deepcopy(vllm_sync._peel(model))
+    model = copy.deepcopy(peel(model, peft=False, fsdp=False))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return model.unload().state_dict() if hasattr(model, "unload") else model.state_dict()
@@ -106,7 +107,7 @@ class EngineSpy:
         self.llm = trainer.llm
         self.model = real_vllm.model_of(self.llm)
         self.meter = real_vllm.PrefixCacheMeter(self.llm)
-        self.config = vllm_sync._peel(trainer.model).config
+        self.config = peel(trainer.model, peft=False, fsdp=False).config
         self.events = []  # ("load", names) / ("reset", None) / ("generate", cached prompt tokens)
         self.syncs = []  # one dict per trainer call in which vLLM was given weights
 

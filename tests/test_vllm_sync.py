@@ -29,6 +29,7 @@ pytest.importorskip("transformers")
 
 import tiny  # noqa: E402
 
+from trl_compat._models import peel
 import trl_compat  # noqa: E402
 from trl_compat import vllm_sync  # noqa: E402
 
@@ -84,7 +85,7 @@ def lora(model=None, dtype=torch.float32, seed=0, **kwargs):
 
 def reference_state(model):
     """What a plain model of the base architecture holds: PEFT's own merge on a deep copy."""
-    model = vllm_sync._peel(model)
+    model = peel(model, peft=False, fsdp=False)
     model = copy.deepcopy(model)
     if hasattr(model, "merge_and_unload"):
         with warnings.catch_warnings():
@@ -146,7 +147,7 @@ def check_stream(model, *, formula=True):
     for name, tensor in got:
         assert tensor.dtype == ref[name].dtype and torch.equal(tensor, ref[name]), name
     assert_untouched(model, snap)
-    peft_model = vllm_sync._peel(model)
+    peft_model = peel(model, peft=False, fsdp=False)
     if formula and hasattr(peft_model, "get_base_model"):
         assert formula_check(peft_model, dict(got)) > 0
     return dict(got)
@@ -378,8 +379,8 @@ def test_inplace_fallback_for_structures_the_stream_does_not_know(monkeypatch, c
             self.got = {n: t.detach().clone() for n, t in weights}
 
     receiver = Receiver()
-    monkeypatch.setattr(vllm_sync, "_plan", refuse)
-    monkeypatch.setattr(vllm_sync, "vllm_model_of", lambda trainer: receiver)
+    monkeypatch.setattr(vllm_sync.stream, "plan_steps", refuse)
+    monkeypatch.setattr(vllm_sync.trainer, "vllm_model_of", lambda trainer: receiver)
     with caplog.at_level("WARNING", logger="trl_compat"):
         assert vllm_sync.sync_trainer(_fake_trainer(model, None)) is True
     assert "in-place merge_adapter()" in caplog.text
@@ -580,7 +581,7 @@ class SyncSpy:
 
 
 def _base_state(model):
-    model = copy.deepcopy(vllm_sync._peel(model))
+    model = copy.deepcopy(peel(model, peft=False, fsdp=False))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return model.unload().state_dict() if hasattr(model, "unload") else model.state_dict()
@@ -692,7 +693,7 @@ def _zero3_worker(out_path):
     trainer = types.SimpleNamespace(model=model, accelerator=types.SimpleNamespace(is_main_process=rank == 0),
                                     llm=None)
     if rank == 0:
-        vllm_sync.vllm_model_of = lambda _trainer: receiver
+        vllm_sync.trainer.vllm_model_of = lambda _trainer: receiver
     handled = vllm_sync.sync_trainer(trainer)
     # and through the DeepSpeed engine (unwrapped by the sync itself)
     receiver2 = Receiver() if rank == 0 else None

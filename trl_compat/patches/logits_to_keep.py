@@ -92,6 +92,7 @@ import types
 import weakref
 from typing import Any, Dict, FrozenSet, List, NamedTuple, Optional, Tuple
 
+from trl_compat._models import peel
 from trl_compat._engine import Patch, affected, needed, not_needed, undecided
 from trl_compat._source import code
 
@@ -216,29 +217,6 @@ def accepts(model_cls: type) -> Optional[Accepts]:
     except TypeError:
         pass
     return result
-
-
-def innermost(model: Any) -> Any:
-    """The model under PEFT, DDP/DataParallel, DeepSpeed, FSDP and torch.compile wrappers."""
-    for _ in range(32):
-        orig = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
-        if orig is not None and orig is not model:
-            model = orig
-            continue
-        names = {c.__name__ for c in type(model).__mro__}
-        if "PeftModel" in names and callable(getattr(model, "get_base_model", None)):
-            model = model.get_base_model()
-            continue
-        if "BaseTuner" in names and getattr(model, "model", None) is not None:  # e.g. LoraModel
-            model = model.model
-            continue
-        if names & {"DistributedDataParallel", "DataParallel", "DeepSpeedEngine", "FullyShardedDataParallel"}:
-            inner = getattr(model, "module", None)
-            if inner is not None and inner is not model:
-                model = inner
-                continue
-        break
-    return model
 
 
 # -- the per-instance forward ---------------------------------------------------------------
@@ -373,7 +351,7 @@ def prepare_model(model: Any) -> Optional[str]:
     trl = SWITCH.active
     if trl is None or model is None:
         return None
-    inner = innermost(model)
+    inner = peel(model)
     try:
         import torch
 
@@ -401,7 +379,7 @@ def prepare_model(model: Any) -> Optional[str]:
 
 def unwrap(model: Any) -> bool:
     """Restore the innermost model's original ``forward`` if ours is on top; True if restored."""
-    inner = innermost(model)
+    inner = peel(model)
     with _lock:
         current = inner.__dict__.get("forward", None)
         if not (isinstance(current, types.MethodType) and isinstance(current.__func__, _KeepLogitsForward)):
