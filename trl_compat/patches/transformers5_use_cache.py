@@ -103,7 +103,7 @@ PATCH = _transformers5.patch(
     summary="TRL < 0.20 on transformers 5: GRPOTrainer(model=<path>) passes use_cache=None, which strict configs reject",
     upstream="none for TRL 0.14-0.19; TRL 0.20's model loading rewrite (PR #3072) no longer passes use_cache=None",
     module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer",  # the fix lives outside __init__; an inherited __init__ must not count as present
+    target="GRPOTrainer",  # the fix replaces the module's AutoModelForCausalLM; TRL's class must be there
     probe=probe,
     apply=apply,
 )

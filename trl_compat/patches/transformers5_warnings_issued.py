@@ -79,7 +79,7 @@ PATCH = _transformers5.patch(
     summary="TRL < 0.20 on transformers 5: GRPOTrainer.__init__ sets model.warnings_issued, which transformers 5 removed",
     upstream="https://github.com/huggingface/trl/pull/4960 (removed the line in 0.28.0)",
     module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer",  # the fix lives outside __init__; an inherited __init__ must not count as present
+    target="GRPOTrainer",  # the fix is on transformers' PreTrainedModel; TRL's class must be there
     probe=probe,
     apply=apply,
 )
