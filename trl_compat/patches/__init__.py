@@ -1,4 +1,4 @@
-"""The patches, one module each. A new patch is one module here plus its tests."""
+"""The patches, one module (or a small package of parts) each. A new patch is one module here plus its tests."""
 
 from trl_compat.patches import (
     dataloader_workers,
