@@ -100,7 +100,7 @@ VERSIONS = {"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["
 
 PATCH = _transformers5.patch(
     id=PATCH_ID,
-    summary="TRL < 0.20 on transformers 5: GRPOTrainer(model=<path>) passes use_cache=None, which strict configs reject",
+    summary="TRL < 0.20 on transformers 5: GRPOTrainer(model=<path>) passes use_cache=None, which configs reject",
     upstream="none for TRL 0.14-0.19; TRL 0.20's model loading rewrite (PR #3072) no longer passes use_cache=None",
     module="trl.trainer.grpo_trainer",
     target="GRPOTrainer",  # the fix replaces the module's AutoModelForCausalLM; TRL's class must be there

@@ -76,7 +76,7 @@ VERSIONS = {"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["
 
 PATCH = _transformers5.patch(
     id="transformers5-warnings-issued",
-    summary="TRL < 0.20 on transformers 5: GRPOTrainer.__init__ sets model.warnings_issued, which transformers 5 removed",
+    summary="TRL < 0.20 on transformers 5: GRPOTrainer.__init__ sets model.warnings_issued, which is gone",
     upstream="https://github.com/huggingface/trl/pull/4960 (removed the line in 0.28.0)",
     module="trl.trainer.grpo_trainer",
     target="GRPOTrainer",  # the fix is on transformers' PreTrainedModel; TRL's class must be there
