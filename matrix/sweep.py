@@ -75,6 +75,12 @@ KNOWN = {
     "dataloader-workers": lambda v, vs: V("0.14.0") <= v < V("0.18.2"),
     "reward-model-zero3": lambda v, vs: _v(vs, "deepspeed") is not None and V("0.14.0") <= v < V("0.17.0"),
     "resume-buffered-inputs": lambda v, vs: V("0.16.0") <= v < V("0.17.0"),
+    # transformers 5: the tuple-valued _*_available flags until PR #5129 (0.29.0); use_cache=None until
+    # TRL 0.20's model loading rewrite (PR #3072); model.warnings_issued[...] until PR #4960 (0.28.0)
+    "transformers5-import": lambda v, vs: V("0.14.0") <= v < V("0.29.0") and _v(vs, "transformers") >= V("5.0.0"),
+    "transformers5-use-cache": lambda v, vs: V("0.14.0") <= v < V("0.20.0") and _v(vs, "transformers") >= V("5.0.0"),
+    "transformers5-warnings-issued":
+        lambda v, vs: V("0.14.0") <= v < V("0.28.0") and _v(vs, "transformers") >= V("5.0.0"),
 }
 
 # Main-branch commits (reporting X.dev0) around the windows' bounds, with what research found in

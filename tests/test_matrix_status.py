@@ -39,7 +39,8 @@ APPLIED = {
     "trl0.18.2-tf4.52.4": {"fsdp2-vllm-sync", "vllm-double-bos", "vllm-prompt-truncation"},
     "trl0.19.0-tf4.52.4": {"fsdp2-vllm-sync", "logits-to-keep", "vllm-double-bos", "vllm-prompt-special-tokens"},
     "trl0.19.1-tf4.53.3": {"fsdp2-vllm-sync", "logits-to-keep"},
-    "trl0.19.1-tf5.23.0": {"fsdp2-vllm-sync", "logits-to-keep", "transformers5-grpo", "transformers5-import"},
+    "trl0.19.1-tf5.23.0": {"fsdp2-vllm-sync", "logits-to-keep", "transformers5-import", "transformers5-use-cache",
+                          "transformers5-warnings-issued"},
     "trl-newest": set(),
     # the real-vLLM cell (matrix/vllm_cpu/): one venv (transformers 4.51.3, peft 0.15.2, no deepspeed),
     # one report per TRL release swapped in
