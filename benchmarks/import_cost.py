@@ -28,12 +28,14 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
+
+import _measure
 
 COUNT = "import sys; print(len(sys.modules))"
 # The standard library modules trl_compat's own modules and its patches import at start-up.
 FLOOR = "import logging, dataclasses, inspect, typing"
-# Run away from any source tree: `python -c` puts the working directory first on sys.path.
+# Run away from any source tree: `python -c` puts the working directory first on sys.path
+# (main() changes into it; the children inherit it).
 CWD = tempfile.gettempdir()
 
 
@@ -50,24 +52,19 @@ def variants():
 
 def cpu_ms(cmd, env):
     """CPU time of one run, and its wall time, in ms."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=CWD, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        raise SystemExit(f"{cmd} failed with {proc.returncode}")
-    return (usage.ru_utime + usage.ru_stime) * 1e3, (time.perf_counter() - start) * 1e3
+    wall, cpu = _measure.run_timed(cmd, env)
+    return cpu * 1e3, wall * 1e3
 
 
 def modules(cmd, env):
     code = cmd[-1] + "\n" + COUNT if cmd[-1] != "pass" else COUNT
-    out = subprocess.run(cmd[:-1] + [code], env=env, cwd=CWD, capture_output=True, text=True, check=True)
+    out = subprocess.run(cmd[:-1] + [code], env=env, capture_output=True, text=True, check=True)
     return int(out.stdout.strip().splitlines()[-1])
 
 
 def dist(name):
     out = subprocess.run([sys.executable, "-c", f"import importlib.metadata as m; print(m.version({name!r}))"],
-                         cwd=CWD, capture_output=True, text=True)
+                         capture_output=True, text=True)
     return out.stdout.strip() or "-"
 
 
@@ -77,6 +74,9 @@ def main():
     parser.add_argument("--out", default="")
     parser.add_argument("--before", default="", help="a markdown file appended as is (an earlier run, for comparison)")
     args = parser.parse_args()
+    out_path = os.path.abspath(args.out) if args.out else ""
+    before_path = os.path.abspath(args.before) if args.before else ""
+    os.chdir(CWD)
     runs = variants()
     for _, cmd, env in runs:  # warm the page cache and the .pyc files
         for _ in range(3):
@@ -105,17 +105,17 @@ def main():
         "|---|---|---|---|---|---|",
     ]
     for name, cmd, env in runs:
-        q = statistics.quantiles(cpu[name], n=4)
-        lines.append(f"| {name} | {statistics.median(cpu[name]):.1f} | {q[0]:.1f} – {q[2]:.1f} | "
+        q = _measure.quartiles(cpu[name])
+        lines.append(f"| {name} | {statistics.median(cpu[name]):.1f} | {q[0]:.1f} – {q[1]:.1f} | "
                      f"{statistics.median(cpu[name]) / base:.2f} | {statistics.median(wall[name]):.1f} | "
                      f"{modules(cmd, env)} |")
-    if args.before:
-        with open(args.before) as fh:
+    if before_path:
+        with open(before_path) as fh:
             lines += ["", fh.read().rstrip()]
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.out:
-        with open(args.out, "w") as fh:
+    if out_path:
+        with open(out_path, "w") as fh:
             fh.write(text)
 
 

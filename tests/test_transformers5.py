@@ -1,4 +1,5 @@
-"""transformers5-import and transformers5-grpo: TRL < 0.20 on transformers 5.
+"""transformers5-import, transformers5-use-cache and transformers5-warnings-issued: TRL < 0.20 on
+transformers 5.
 
 Same file in every cell:
 
@@ -28,7 +29,8 @@ TRL = installed("trl")
 TF = installed("transformers")
 AFFECTED = (TRL is not None and TF is not None and Version("0.14.0.dev0") <= TRL < Version("0.20.0")
             and TF >= Version("5.0.0.dev0"))
-IMPORT_ID, GRPO_ID = "transformers5-import", "transformers5-grpo"
+IMPORT_ID, USE_CACHE_ID, WARNINGS_ID = "transformers5-import", "transformers5-use-cache", "transformers5-warnings-issued"
+IDS = (IMPORT_ID, USE_CACHE_ID, WARNINGS_ID)
 
 needs_affected = pytest.mark.skipif(not AFFECTED, reason=f"only TRL 0.14-0.19 on transformers 5 (here trl {TRL}, "
                                                          f"transformers {TF})")
@@ -57,13 +59,11 @@ def _expected_flags():
 
 def test_status_for_installed_versions():
     if AFFECTED:
-        import trl.trainer.grpo_trainer  # noqa: F401 - fires transformers5-grpo
+        import trl.trainer.grpo_trainer  # noqa: F401 - fires transformers5-use-cache and -warnings-issued
 
-        assert trl_compat.status(IMPORT_ID) == trl_compat.APPLIED, trl_compat.report()
-        assert trl_compat.status(GRPO_ID) == trl_compat.APPLIED, trl_compat.report()
+        assert [trl_compat.status(pid) for pid in IDS] == [trl_compat.APPLIED] * 3, trl_compat.report()
     else:
-        assert trl_compat.status(IMPORT_ID) == trl_compat.NOT_NEEDED, trl_compat.report()
-        assert trl_compat.status(GRPO_ID) == trl_compat.NOT_NEEDED, trl_compat.report()
+        assert [trl_compat.status(pid) for pid in IDS] == [trl_compat.NOT_NEEDED] * 3, trl_compat.report()
 
 
 # -- bug 1: the import ---------------------------------------------------------------------------
@@ -106,7 +106,8 @@ def test_import_fixed_when_trl_came_first():
         import trl_compat
         from trl import GRPOTrainer
         import trl.import_utils as iu
-        print("STATUS", trl_compat.status("transformers5-import"), trl_compat.status("transformers5-grpo"))
+        print("STATUS", *(trl_compat.status(pid) for pid in
+                          ("transformers5-import", "transformers5-use-cache", "transformers5-warnings-issued")))
         print("VLLM", repr(iu.is_vllm_available()), "DEEPSPEED", repr(iu.is_deepspeed_available()),
               importlib.util.find_spec("deepspeed") is not None)
     """)
@@ -114,7 +115,7 @@ def test_import_fixed_when_trl_came_first():
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
     if importlib.util.find_spec("requests") is None:
         assert lines["FIRST"] == "ModuleNotFoundError No module named 'requests'"
-    assert lines["STATUS"] == "applied applied"
+    assert lines["STATUS"] == "applied applied applied"
     vllm, _, deepspeed_flag, deepspeed_found = lines["VLLM"].split(" ")
     assert vllm == "False" and deepspeed_flag == deepspeed_found
 
@@ -127,7 +128,7 @@ def test_use_cache_none_fails_without_patch(tmp_path, unpatched):
     import grpo_run
     from huggingface_hub.errors import StrictDataclassFieldValidationError
 
-    with unpatched(GRPO_ID):
+    with unpatched(USE_CACHE_ID):
         with pytest.raises(StrictDataclassFieldValidationError) as info:
             grpo_run.make_trainer(tmp_path, model="qwen2")  # a path: TRL loads it with use_cache=None
     assert "Field 'use_cache' expected bool, got NoneType" in str(info.value)
@@ -138,7 +139,7 @@ def test_warnings_issued_missing_without_patch(tmp_path, unpatched):
     import grpo_run
     import tiny
 
-    with unpatched(GRPO_ID):
+    with unpatched(WARNINGS_ID):
         with pytest.raises(AttributeError) as info:
             grpo_run.make_trainer(tmp_path, model=tiny.make_model("qwen2"))  # an instance: no from_pretrained
     assert str(info.value) == "'Qwen2ForCausalLM' object has no attribute 'warnings_issued'"
@@ -150,7 +151,7 @@ def test_proxy_drops_only_none_use_cache(tmp_path):
     import trl.trainer.grpo_trainer as gt
     import transformers
 
-    from trl_compat.patches.transformers5_grpo import DropNoneUseCache
+    from trl_compat.patches.transformers5_use_cache import DropNoneUseCache
 
     assert isinstance(gt.AutoModelForCausalLM, DropNoneUseCache)
     assert gt.AutoModelForCausalLM.__wrapped__ is transformers.AutoModelForCausalLM

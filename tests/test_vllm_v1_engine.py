@@ -3,7 +3,13 @@
 * Every cell: the TRL half of the probe on the real TRL source (0.14/0.15 build an in-process
   ``LLM`` and read ``llm_engine.model_executor``; 0.16/0.17 talk to a server; 0.18+'s colocate
   mode uses ``external_launcher``), and the status the installed versions call for.
-* Cells with TRL 0.14/0.15 and the vLLM stand-in (0.7.2, V0 only: the gate says "not needed"):
+* The trl0.15.2-tf4.52.4 cell (the vLLM stand-in installed as vLLM 0.8.5, which picks its V1 engine
+  the way vLLM 0.8.x does on a GPU): real GRPO runs with TRL's real ``GRPOTrainer`` and
+  ``use_vllm=True``. Without the patch TRL builds V1 and the first weight sync (after the first
+  optimizer step) raises ``AttributeError: 'LLMEngine' object has no attribute 'model_executor'``;
+  with it ``VLLM_USE_V1`` is "0" when TRL calls ``LLM(...)``, the engine is V0, the run completes
+  and at every generation vLLM holds exactly the policy's weights.
+* Cells with TRL 0.14/0.15 and the stand-in as vLLM 0.7.2 (V0 only: the gate says "not needed"):
   the patch's own ``apply`` on the real ``GRPOTrainer``: ``VLLM_USE_V1`` is "0" at the moment
   TRL's ``__init__`` calls ``LLM(...)``, unset without the patch, an explicit value is kept, and
   undoing the patch removes only its own "0".
@@ -21,6 +27,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from packaging.version import Version
 
 import trl_compat
@@ -46,6 +53,10 @@ def _is_standin():
 
 STANDIN = _is_standin()
 REAL_VLLM_V1 = VLLM is not None and not STANDIN and VLLM >= Version("0.8.0")
+STANDIN_V1 = STANDIN and VLLM >= Version("0.8.0")  # the stand-in as vLLM 0.8.5: V1 unless VLLM_USE_V1=0
+V0_ENGINE = "vllm.engine.llm_engine.LLMEngine"
+V1_ENGINE = "vllm.v1.engine.llm_engine.LLMEngine"
+NO_EXECUTOR = "'LLMEngine' object has no attribute 'model_executor'"
 
 
 def grpo_module():
@@ -71,8 +82,12 @@ def test_trl_half_of_the_probe_on_the_real_source():
 def test_status_matches_installed_versions():
     if TRL is not None and importlib.util.find_spec("trl") is not None:
         grpo_module()
-    assert trl_compat.status(PATCH_ID) == trl_compat.NOT_NEEDED, trl_compat.report()
     reason = {p.id: p.reason for p in trl_compat.report()}[PATCH_ID]
+    if TRL_IN_PROCESS and STANDIN_V1:
+        assert trl_compat.status(PATCH_ID) == trl_compat.APPLIED, trl_compat.report()
+        assert f"which vLLM {VLLM}'s default V1 engine lacks" in reason, reason
+        return
+    assert trl_compat.status(PATCH_ID) == trl_compat.NOT_NEEDED, trl_compat.report()
     if TRL is None:
         assert "trl is not installed" in reason
     elif not TRL_IN_PROCESS:
@@ -112,7 +127,8 @@ def patch_applied():
 
 
 needs_standin_trainer = pytest.mark.skipif(
-    not (TRL_IN_PROCESS and STANDIN), reason="needs TRL 0.14/0.15 with the vLLM stand-in"
+    not (TRL_IN_PROCESS and STANDIN and not STANDIN_V1),
+    reason="needs TRL 0.14/0.15 with the vLLM stand-in as vLLM 0.7.2 (where the gate keeps the patch off)",
 )
 
 
@@ -152,6 +168,98 @@ def test_an_explicit_choice_is_kept(tmp_path, constructions, monkeypatch):
     finally:
         patcher.undo()
     assert os.environ[VAR] == "1"
+
+
+# -- real GRPO runs on the stand-in as vLLM 0.8.5 (V1 by default) ------------------------------
+
+needs_standin_v1 = pytest.mark.skipif(
+    not (TRL_IN_PROCESS and STANDIN_V1),
+    reason="needs TRL 0.14/0.15 with the vLLM stand-in as vLLM >= 0.8 (the trl0.15.2-tf4.52.4 cell)",
+)
+
+# TRL's default vllm_dtype ("auto"): vLLM runs the float32 checkpoint in float16, which V1 supports
+# (grpo_run's vllm_dtype="float32" would make vLLM 0.8 fall back to V0 by itself)
+V1_RUN = dict(use_vllm=True, steps=2, vllm_dtype="auto")
+
+
+def engine_name(trainer):
+    cls = type(trainer.llm.llm_engine)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def vllm_holds_policy_weights(trainer):
+    """Whether every weight vLLM holds equals the policy's, cast to vLLM's dtype."""
+    held = trainer.llm.model.hf_state_dict()
+    policy = trainer.model.state_dict()
+    assert set(held) <= set(policy), sorted(set(held) - set(policy))
+    return all(torch.equal(held[name], policy[name].detach().to(held[name].dtype)) for name in held)
+
+
+def watch_generations(trainer):
+    """At each ``llm.generate`` TRL makes: whether vLLM then holds the policy's weights, and a copy
+    of the policy's embeddings."""
+    seen = []
+    generate = trainer.llm.generate
+
+    def watched(*args, **kwargs):
+        seen.append(dict(in_sync=vllm_holds_policy_weights(trainer),
+                         embed=trainer.model.get_input_embeddings().weight.detach().clone()))
+        return generate(*args, **kwargs)
+
+    trainer.llm.generate = watched  # TRL calls self.llm.generate
+    return seen
+
+
+@needs_standin_v1
+def test_grpo_without_the_patch_dies_at_the_first_weight_sync(tmp_path, constructions, unpatched):
+    import grpo_run
+
+    with unpatched(PATCH_ID):
+        try:
+            trainer = grpo_run.make_trainer(tmp_path, **V1_RUN)
+            recorded = os.environ.get(VAR)
+            seen = watch_generations(trainer)
+            with pytest.raises(AttributeError) as info:
+                trainer.train()
+        finally:  # vLLM's record of its choice would make the patch's re-install on the way out "undecided"
+            os.environ.pop(VAR, None)
+    assert constructions == [None]  # vLLM chose
+    assert engine_name(trainer) == V1_ENGINE and recorded == "1"  # V1, and vLLM recorded it
+    assert type(info.value) is AttributeError and str(info.value) == NO_EXECUTOR
+    # TRL's own weight sync, after the first optimizer step, before the second generation
+    assert info.traceback[-1].path.name == "grpo_trainer.py"
+    assert info.traceback[-1].name in {"_move_model_to_vllm", "_prepare_inputs"}  # 0.15 / 0.14
+    assert trainer.state.global_step == 1 and len(seen) == 1 and seen[0]["in_sync"] is True
+
+
+@needs_standin_v1
+def test_grpo_with_the_patch_runs_on_v0_and_vllm_gets_the_trained_weights(tmp_path, constructions):
+    import grpo_run
+
+    assert trl_compat.status(PATCH_ID) == trl_compat.APPLIED, trl_compat.report()
+    trainer = grpo_run.make_trainer(tmp_path, **V1_RUN)
+    assert constructions == ["0"] and os.environ[VAR] == "0"  # set before TRL built the engine
+    assert engine_name(trainer) == V0_ENGINE
+    seen = watch_generations(trainer)
+    trainer.train()
+    assert trainer.state.global_step == 2 and len(seen) == 2
+    # each generation ran on the policy's weights: the initial ones, then step 1's, brought by the sync
+    assert [s["in_sync"] for s in seen] == [True, True]
+    assert not torch.equal(seen[0]["embed"], seen[1]["embed"])
+    if hasattr(trainer, "_move_model_to_vllm"):  # 0.15: one more sync, of the final weights
+        trainer._move_model_to_vllm()
+        assert vllm_holds_policy_weights(trainer)
+        assert not torch.equal(seen[1]["embed"], trainer.model.get_input_embeddings().weight)
+
+
+@needs_standin_v1
+def test_v1_stand_in_an_explicit_v1_is_kept(tmp_path, constructions, monkeypatch):
+    import grpo_run
+
+    monkeypatch.setenv(VAR, "1")
+    trainer = grpo_run.make_trainer(tmp_path, **V1_RUN)
+    assert constructions == ["1"] and os.environ[VAR] == "1"
+    assert engine_name(trainer) == V1_ENGINE  # the user's choice: TRL's sync will fail, as the report says
 
 
 # -- a real vLLM >= 0.8 -------------------------------------------------------------------------

@@ -11,7 +11,14 @@ import uuid
 import pytest
 
 from trl_compat import _zero3
-from trl_compat.patches import transformers5_grpo, vllm_lora_names, vllm_prefix_cache, zero3_hooks_api, zero3_unwrap
+from trl_compat.patches import (
+    transformers5_use_cache,
+    transformers5_warnings_issued,
+    vllm_lora_names,
+    vllm_prefix_cache,
+    zero3_hooks_api,
+    zero3_unwrap,
+)
 
 
 def load(tmp_path, text):
@@ -122,9 +129,10 @@ def test_transformers5_patterns_only_in_prose_are_not_needed(tmp_path):
                 # model.warnings_issued["estimate_tokens"] = True  (removed: transformers 5)
                 self.model = model
     ''')
-    verdict = transformers5_grpo.probe(module)
-    assert verdict.needed is False, verdict.reason
-    assert "does not pass" in verdict.reason and "does not touch" in verdict.reason
+    verdict = transformers5_use_cache.probe(module)
+    assert verdict.needed is False and "does not pass" in verdict.reason, verdict.reason
+    verdict = transformers5_warnings_issued.probe(module)
+    assert verdict.needed is False and "does not touch" in verdict.reason, verdict.reason
 
 
 def test_transformers5_warnings_issued_in_code_is_seen(tmp_path, monkeypatch):
@@ -134,10 +142,9 @@ def test_transformers5_warnings_issued_in_code_is_seen(tmp_path, monkeypatch):
             def __init__(self, model):
                 model.warnings_issued["estimate_tokens"] = True
     ''')
-    parts, reasons, unclear = transformers5_grpo._parts(module)
-    assert not unclear
-    assert any("warnings_issued" in r for r in reasons)  # the code was read: the part was judged
-    assert "GRPOTrainer.__init__ does not touch model.warnings_issued" not in reasons
+    verdict = transformers5_warnings_issued.probe(module)
+    assert verdict.needed is not None and "warnings_issued" in verdict.reason  # the code was read: it was judged
+    assert verdict.reason != "GRPOTrainer.__init__ does not touch model.warnings_issued"
 
 
 def test_a_class_built_at_run_time_is_undecided_with_the_reason():

@@ -34,19 +34,17 @@ import functools
 import inspect
 
 from trl_compat import _logps_calls
-from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._engine import Patch, affected, needed
 
 PATCH_ID = "logps-temperature"
 SWITCH = "TRL_COMPAT_LOGPS_TEMPERATURE"
 
 
 def probe(module):
-    caller = _logps_calls.find(module.GRPOTrainer)
-    if caller is None:
-        return undecided("GRPOTrainer has neither _get_per_token_logps nor a get_per_token_logps nested in "
-                         "compute_loss")
-    if "temperature" in caller.code:
-        return not_needed(f"{caller.where} divides the logits by the sampling temperature")
+    caller, verdict = _logps_calls.unfixed(module.GRPOTrainer, "temperature",
+                                           "divides the logits by the sampling temperature")
+    if verdict is not None:
+        return verdict
     return needed(f"{caller.where} computes log-probs at temperature 1 while completions are sampled at "
                   "GRPOConfig.temperature (default 0.9); the patch divides the logits of TRL's log-prob "
                   "forwards by it, as TRL 0.16 does (this changes the training objective)")

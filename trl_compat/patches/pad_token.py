@@ -26,13 +26,12 @@ itself is fixed after ``__init__``, together with the ``pad_token_id`` of TRL's
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 import re
 
 from trl_compat._engine import Patch, affected, needed, not_needed
 from trl_compat._source import code
+from trl_compat._trainer_init import around_init
 
 log = logging.getLogger("trl_compat")
 
@@ -67,28 +66,16 @@ def set_pad_token(processing_class) -> bool:
     return True
 
 
-def _factory(original):
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        try:
-            passed = signature.bind_partial(self, *args, **kwargs).arguments.get("processing_class")
-        except TypeError:
-            passed = None
-        set_pad_token(passed)
-        original(self, *args, **kwargs)
-        if passed is None and set_pad_token(getattr(self, "processing_class", None)):
-            # TRL loaded the tokenizer itself and built its GenerationConfig from the missing pad id.
-            generation_config = getattr(self, "generation_config", None)
-            if generation_config is not None and getattr(generation_config, "pad_token_id", 0) is None:
-                generation_config.pad_token_id = _tokenizer(self.processing_class).pad_token_id
-
-    return __init__
+def _before(trainer, arguments) -> None:
+    set_pad_token(arguments.get("processing_class"))
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module.GRPOTrainer, "__init__", _factory)
+def _after(trainer, arguments) -> None:
+    if arguments.get("processing_class") is None and set_pad_token(getattr(trainer, "processing_class", None)):
+        # TRL loaded the tokenizer itself and built its GenerationConfig from the missing pad id.
+        generation_config = getattr(trainer, "generation_config", None)
+        if generation_config is not None and getattr(generation_config, "pad_token_id", 0) is None:
+            generation_config.pad_token_id = _tokenizer(trainer.processing_class).pad_token_id
 
 
 # The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
@@ -103,6 +90,6 @@ PATCH = Patch(
     target="GRPOTrainer",
     requires={"trl": affected("0.14.0", "0.17.0")},
     probe=probe,
-    apply=apply,
+    apply=around_init(before=_before, after=_after),
     remove_when="TRL 0.16.x is no longer supported",
 )
