@@ -101,7 +101,8 @@ def main():
         f"{args.rounds} rounds, variants in rotating order, after 3 warm-up runs each. CPU time is user + "
         "system of the process (from `wait4`); wall time mostly measures the wait for a core here.",
         "",
-        "| variant | CPU median (ms) | CPU quartiles (ms) | ratio to `python -c pass` | wall median (ms) | modules in sys.modules |",
+        "| variant | CPU median (ms) | CPU quartiles (ms) | ratio to `python -c pass` | wall median (ms) "
+        "| modules in sys.modules |",
         "|---|---|---|---|---|---|",
     ]
     for name, cmd, env in runs:

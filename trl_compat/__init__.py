@@ -45,7 +45,7 @@ try:
     install()
 except TrlCompatError:
     raise
-except Exception:  # noqa: BLE001 - a bug of ours must not stop the user's training
+except Exception:
     if strict():
         raise
     import logging

@@ -9,10 +9,10 @@ import sys
 import textwrap
 import uuid
 
-import pytest
-
 from trl_compat import _engine as engine
 from trl_compat._engine import Patch, needed
+
+import pytest
 
 TRAINER_SRC = '''
 class Base:

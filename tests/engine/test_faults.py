@@ -10,14 +10,14 @@ import logging
 import sys
 import textwrap
 
-import pytest
-
 import trl_compat
 from trl_compat import _engine as engine
 
+import pytest
+
 pytest.importorskip("trl")
-import trl.models.utils  # noqa: E402,F401
-import trl.trainer.grpo_trainer  # noqa: E402,F401
+import trl.models.utils
+import trl.trainer.grpo_trainer  # noqa: F401
 
 IDS = [p.id for p in engine.registry()]
 
@@ -100,7 +100,8 @@ def test_a_removed_target_is_reported_and_nothing_is_patched(applied_patch, capl
             trl_compat.install(pid)
         assert trl_compat.status(pid) == trl_compat.TARGET_MISSING
         assert pid in caplog.text and "does not exist" in caplog.text
-        removed = (owner.__name__ if isinstance(owner, type(sys)) else f"{owner.__module__}.{owner.__qualname__}") + "." + attr
+        where = owner.__name__ if isinstance(owner, type(sys)) else f"{owner.__module__}.{owner.__qualname__}"
+        removed = where + "." + attr
         changed = differences(before, snapshot())
         assert all(name == removed or name.startswith(removed + ".") for name in changed), changed
     finally:

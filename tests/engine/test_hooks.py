@@ -8,10 +8,10 @@ import json
 import sys
 import uuid
 
-import pytest
-
 import trl_compat
 from trl_compat._engine import hooks
+
+import pytest
 
 
 @pytest.fixture
@@ -102,7 +102,8 @@ def test_import_order_does_not_matter_on_real_trl(fresh_cli, run_py):
     """trl_compat first (the CLI's process: it imports every trigger module after trl_compat)
     and trl first end with the same statuses."""
     pytest.importorskip("trl")
-    order = "trl first" + (", transformers 5" if trl_compat.status("transformers5-import") == trl_compat.APPLIED else "")
+    transformers5 = trl_compat.status("transformers5-import") == trl_compat.APPLIED
+    order = "trl first" + (", transformers 5" if transformers5 else "")
     out = run_py(ORDERS[order] + "\nimport json\nprint(json.dumps([(r.id, r.status) for r in trl_compat.report()]))")
     trl_first = [tuple(pair) for pair in json.loads(out.strip().splitlines()[-1])]
     compat_first = [(r["id"], r["status"]) for r in fresh_cli[0]["patches"]]

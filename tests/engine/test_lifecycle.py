@@ -5,11 +5,11 @@ import importlib
 import logging
 import threading
 
-import pytest
-
 import trl_compat
 from trl_compat import _engine as engine
 from trl_compat._engine import Patch, needed, not_needed, undecided
+
+import pytest
 
 
 def test_applies_when_the_module_is_imported_after_install(fake_pkg, make_patch):

@@ -2,10 +2,10 @@
 
 import functools
 
-import pytest
-
 from trl_compat import _engine as engine
 from trl_compat._engine.patcher import raw_attribute
+
+import pytest
 
 
 class Descriptors:

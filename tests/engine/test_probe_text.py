@@ -8,8 +8,6 @@ import textwrap
 import types
 import uuid
 
-import pytest
-
 from trl_compat import _zero3
 from trl_compat.patches import (
     transformers5_use_cache,
@@ -19,6 +17,8 @@ from trl_compat.patches import (
     zero3_hooks_api,
     zero3_unwrap,
 )
+
+import pytest
 
 
 def load(tmp_path, text):

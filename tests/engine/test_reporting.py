@@ -3,10 +3,10 @@
 import importlib
 import logging
 
-import pytest
-
 import trl_compat
 from trl_compat import _engine as engine
+
+import pytest
 
 
 def _prefixing(original):
@@ -66,7 +66,8 @@ def test_status_and_applied_follow_the_report(fake_pkg, make_patch):
 
 def test_cli_json_and_table(fresh_cli):
     data, table = fresh_cli
-    assert set(data["versions"]) >= {"python", "torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "vllm"}
+    stack = {"python", "torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "vllm"}
+    assert set(data["versions"]) >= stack
     assert [p["id"] for p in data["patches"]] == [p.id for p in engine.registry() if not p.id.startswith("test-")]
     for rec in data["patches"]:
         assert rec["status"] != trl_compat.PENDING, rec  # the CLI imports trigger modules

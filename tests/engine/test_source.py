@@ -5,9 +5,9 @@ import importlib
 import sys
 import uuid
 
-import pytest
-
 from trl_compat._source import Code, SourceUnavailable, code, defining_class, normalise, unwrap
+
+import pytest
 
 SAMPLE = '''
 def sync(self, prompts):

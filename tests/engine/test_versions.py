@@ -5,15 +5,15 @@ import importlib.metadata
 import itertools
 import sys
 
-import pytest
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
-
 import trl_compat
 from trl_compat import _engine as engine
 from trl_compat._engine import Patch, pep440
 from trl_compat._engine import versions as engine_versions
 from trl_compat.patches import PATCHES
+
+import pytest
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
 
 
 @pytest.mark.parametrize(
@@ -58,7 +58,7 @@ def test_version_gate_without_metadata(monkeypatch):
     ("0.18.0", None, ["0.18.0.dev0", "0.19.1", "1.16.0"], ["0.17.0", "0.17.1.dev0"]),
 ])
 def test_affected_holds_the_dev_builds_at_both_ends(since, fixed_in, inside, outside):
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.specifiers import SpecifierSet
 
     window = SpecifierSet(engine.affected(since, fixed_in), prereleases=True)
     assert [v for v in inside if v not in window] == []
@@ -134,7 +134,7 @@ def test_pep440_order_is_packagings():
 @pytest.mark.parametrize("spec", WINDOWS)
 def test_the_gate_gives_packagings_verdict(monkeypatch, spec):
     for installed in VERSIONS:
-        monkeypatch.setattr(engine_versions, "dist_version", lambda dist: installed)
+        monkeypatch.setattr(engine_versions, "dist_version", lambda dist, installed=installed: installed)
         patch = Patch(id="test-gate", summary="", upstream="", module="x", target="y", requires={"trl": spec},
                       probe=None, apply=None)
         status, reason, _ = engine.gate(patch)

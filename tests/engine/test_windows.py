@@ -10,13 +10,13 @@ bug's first ones, and those before the fix commit) must be inside, ``F`` and ``F
 
 import sys
 
-import pytest
-from packaging.specifiers import SpecifierSet
-from packaging.version import Version
-
 from trl_compat import _engine
 from trl_compat._engine import versions as engine_versions
 from trl_compat.patches import PATCHES
+
+import pytest
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 ANY = "99.0"  # for a dist a patch only needs installed (deepspeed ">=0")
 

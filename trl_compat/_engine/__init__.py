@@ -20,7 +20,7 @@ Nothing here raises into the user's program unless ``TRL_COMPAT_STRICT=1``.
 from trl_compat._engine.lifecycle import install, revert, unregister
 from trl_compat._engine.logs import warn_once
 from trl_compat._engine.patch import (
-    _TROUBLE,
+    _TROUBLE,  # noqa: F401 - for tests, as the module had it
     APPLIED,
     CONFLICT,
     DISABLED,
@@ -41,7 +41,7 @@ from trl_compat._engine.patch import (
 )
 from trl_compat._engine.patcher import MARKER, AlreadyPatched, Patcher, markers, raw_attribute
 from trl_compat._engine.reporting import applied, report, status
-from trl_compat._engine.state import _registry, _states, register, registry, strict, switched_on
+from trl_compat._engine.state import _registry, _states, register, registry, strict, switched_on  # noqa: F401 - tests read and swap entries
 from trl_compat._engine.versions import affected, dist_version, gate
 
 __all__ = [

@@ -12,12 +12,30 @@ from typing import Any, Callable, List, Optional
 
 from trl_compat._engine import hooks
 from trl_compat._engine.patch import (
-    APPLIED, CONFLICT, DISABLED, FAILED, NOT_NEEDED, PENDING, REVERTED, TARGET_MISSING, UNDECIDED, Patch,
+    APPLIED,
+    CONFLICT,
+    DISABLED,
+    FAILED,
+    NOT_NEEDED,
+    PENDING,
+    REVERTED,
+    TARGET_MISSING,
+    UNDECIDED,
+    Patch,
 )
 from trl_compat._engine.patcher import AlreadyPatched, Patcher
 from trl_compat._engine.state import (
-    _disabled_ids, _lock, _log_summary_when_settled, _position, _registry, _select, _set, _states, _unique,
-    registry, switched_on,
+    _disabled_ids,
+    _lock,
+    _log_summary_when_settled,
+    _position,
+    _registry,
+    _select,
+    _set,
+    _states,
+    _unique,
+    registry,
+    switched_on,
 )
 from trl_compat._engine.versions import gate
 from trl_compat._source import SourceUnavailable

@@ -9,7 +9,7 @@ from typing import List
 
 from trl_compat._engine.lifecycle import _foreign_owner
 from trl_compat._engine.patch import APPLIED, Patch, PatchStatus
-from trl_compat._engine.state import _State, _lock, _registry, _states
+from trl_compat._engine.state import _lock, _registry, _State, _states
 
 
 def report() -> List[PatchStatus]:
@@ -41,7 +41,8 @@ def _reason_now(patch: Patch, state: _State) -> str:
         return reason
     foreign = _foreign_owner(patch, state.module)
     if foreign:
-        reason += f"; but {patch.target.split('.')[0]} has since been replaced by {foreign}, which the patch does not reach"
+        owner = patch.target.split(".")[0]
+        reason += f"; but {owner} has since been replaced by {foreign}, which the patch does not reach"
     overriding = _overriding_subclasses(patch, state.module)
     if overriding:
         reason += (f"; overridden in {', '.join(overriding)}: the fix reaches those only through super()")
