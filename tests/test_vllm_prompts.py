@@ -23,6 +23,7 @@ import uuid
 import pytest
 
 import trl_compat
+from trl_compat._engine import logs as engine_logs
 from trl_compat import vllm_prompts
 
 TRUNCATION, SPECIAL, DOUBLE_BOS = vllm_prompts.TRUNCATION, vllm_prompts.SPECIAL_TOKENS, vllm_prompts.DOUBLE_BOS
@@ -288,7 +289,7 @@ def test_server_text_tokenises_to_the_training_ids(fixes, words, caplog):
         return tok(client.prompts[-1]).input_ids  # the server adds special tokens
 
     assert call(()) != training
-    vllm_prompts._WARNED.clear()
+    engine_logs._warned.clear()  # warn_once: once per process
     if len(training) < MAX_PROMPT:
         assert call(fixes) == training and "no text gives back" not in caplog.text
     else:

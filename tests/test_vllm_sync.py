@@ -28,6 +28,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import tiny  # noqa: E402
+from workers import child_env  # noqa: E402
 
 from trl_compat._models import peel
 import trl_compat  # noqa: E402
@@ -494,23 +495,13 @@ def _import_grpo():
     return pytest.importorskip("trl.trainer.grpo_trainer")
 
 
-def test_status_in_this_cell():
-    version = _trl_version()
-    if version is not None and (version.is_devrelease or version.local):
-        pytest.skip(f"trl {version}: a main-branch build; the probe decides, not the version")
-    _import_grpo()
-    expected = _expected_status()
-    got = {pid: trl_compat.status(pid) for pid in expected}
-    assert got == expected, trl_compat.report()
-
-
 def test_probes_read_the_real_code():
     """The probes on TRL's unpatched source: the bug where it is, not where it was fixed."""
     grpo = _import_grpo()
     version = _trl_version()
     if grpo is None or version.is_devrelease:
         pytest.skip("needs a released trl")
-    from conftest import without_patch
+    from unpatched import without_patch
     from trl_compat.patches import vllm_lora_names, vllm_merged_weights
 
     def verdict(patch, pid):
@@ -720,7 +711,7 @@ def test_zero3_two_ranks(tmp_path):
     import subprocess
 
     pytest.importorskip("deepspeed")
-    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu",
+    env = child_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu",
                PYTHONUNBUFFERED="1", TRL_COMPAT_STRICT="1")
     out = tmp_path / "z3"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from trl_compat._engine import Patch, affected
 
-# tests/test_windows.py: the transformers versions inside and outside that window.
+# tests/engine/test_windows.py: the transformers versions inside and outside that window.
 TRANSFORMERS_VERSIONS = {"inside": ["5.0.0"], "outside": ["4.57.0"]}
 
 

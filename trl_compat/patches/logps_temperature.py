@@ -96,7 +96,7 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.GRPOTrainer, caller.name, lambda original: _wrapper(original, caller.raw, models_of))
 
 
-# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}}
 
 

@@ -33,7 +33,7 @@ from trl_compat._engine import Patch, affected, needed, not_needed
 from trl_compat._source import code
 from trl_compat._trainer_init import around_init
 
-log = logging.getLogger("trl_compat")
+log = logging.getLogger(__name__)
 
 PATCH_ID = "pad-token"
 # `processing_class.pad_token = processing_class.eos_token` (0.17 - 0.19), `tokenizer.pad_token = ...` (0.20+);
@@ -78,7 +78,7 @@ def _after(trainer, arguments) -> None:
             generation_config.pad_token_id = _tokenizer(trainer.processing_class).pad_token_id
 
 
-# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.16.1", "0.17.0.dev0"], "outside": ["0.17.0"]}}
 
 

@@ -32,7 +32,7 @@ from trl_compat._engine import Patch, affected, needed, not_needed
 from trl_compat._source import code, defining_class
 from trl_compat._trainer_init import around_init
 
-log = logging.getLogger("trl_compat")
+log = logging.getLogger(__name__)
 
 PATCH_ID = "peft-gradient-checkpointing"
 
@@ -65,7 +65,7 @@ def _after(trainer, arguments) -> None:
         log.debug("trl_compat: %s: enable_input_require_grads() on the PEFT model", PATCH_ID)
 
 
-# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}}
 
 

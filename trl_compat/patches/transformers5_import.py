@@ -70,7 +70,7 @@ def apply(module, patcher):
         patcher.replace(module, name, bool(value[0]))
 
 
-# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 # 0.20 is where trl_compat's support ends, not a fix: 0.20.0.dev0 builds have the bug and get the fix.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0", "0.29.0"]},
             "transformers": _transformers5.TRANSFORMERS_VERSIONS}

@@ -69,7 +69,7 @@ def apply(module, patcher):
     patcher.replace(modeling_utils.PreTrainedModel, "warnings_issued", WarningsIssued())
 
 
-# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 # 0.20 is where trl_compat's support ends; the line itself stays up to 0.28.0.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0", "0.28.0"]},
             "transformers": _transformers5.TRANSFORMERS_VERSIONS}

@@ -125,7 +125,7 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.GRPOTrainer, trl.entry, functools.partial(wrap_entry, trl=trl))
 
 
-# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0", "0.18.2", "0.19.0", "0.19.1", "0.20.0.dev0"],
                     "outside": ["0.20.0"]}}
 

@@ -22,7 +22,7 @@ from trl_compat._models import peel
 from trl_compat.patches.logits_to_keep.accepts import Accepts
 from trl_compat.patches.logits_to_keep.trl_call import NAMES, NEW, OLD, PATCH_ID, TrlCall
 
-log = logging.getLogger("trl_compat")
+log = logging.getLogger(__name__)
 
 _PREV = "_trl_compat_logits_to_keep_prev_forward"  # the forward ours replaced; None = the class's
 _MISSING = object()

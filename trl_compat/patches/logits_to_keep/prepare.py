@@ -13,7 +13,7 @@ from trl_compat.patches.logits_to_keep.accepts import RENAME, SLICE, UNKNOWN, ac
 from trl_compat.patches.logits_to_keep.forward import LOCK, SWITCH, wrap
 from trl_compat.patches.logits_to_keep.trl_call import PATCH_ID, TrlCall
 
-log = logging.getLogger("trl_compat")
+log = logging.getLogger(__name__)
 
 _decisions: Dict[str, str] = {}
 

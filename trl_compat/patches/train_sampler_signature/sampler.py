@@ -8,7 +8,7 @@ import functools
 import inspect
 import logging
 
-log = logging.getLogger("trl_compat")
+log = logging.getLogger(__name__)
 
 PATCH_ID = "train-sampler-signature"
 

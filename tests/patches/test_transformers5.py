@@ -57,15 +57,6 @@ def _expected_flags():
 # -- every cell ----------------------------------------------------------------------------------
 
 
-def test_status_for_installed_versions():
-    if AFFECTED:
-        import trl.trainer.grpo_trainer  # noqa: F401 - fires transformers5-use-cache and -warnings-issued
-
-        assert [trl_compat.status(pid) for pid in IDS] == [trl_compat.APPLIED] * 3, trl_compat.report()
-    else:
-        assert [trl_compat.status(pid) for pid in IDS] == [trl_compat.NOT_NEEDED] * 3, trl_compat.report()
-
-
 # -- bug 1: the import ---------------------------------------------------------------------------
 
 

@@ -1,7 +1,7 @@
 """One rank of a real 2-process DeepSpeed ZeRO-3 GRPO step with a reward *model*, for
-tests/test_reward_model_zero3.py.
+tests/patches/test_reward_model_zero3.py.
 
-Launched as ``python -m torch.distributed.run --nproc_per_node 2 tests/zero3_reward_worker.py
+Launched as ``python -m torch.distributed.run --nproc_per_node 2 tests/support/zero3_reward_worker.py
 POLICY_DIR REWARD_DIR OUT_DIR``. ``reward_funcs`` is the reward model's directory, so TRL loads
 it with ``AutoModelForSequenceClassification.from_pretrained`` inside ZeRO-3's ``zero.Init``,
 as with a Hub id. Whether reward-model-zero3 is on is decided by the environment
@@ -19,9 +19,6 @@ import math
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 from zero3_worker import DS_CONFIG, emit, finish, serialise_all_gathers, skip_shm_build  # noqa: E402
 

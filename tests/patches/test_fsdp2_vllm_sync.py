@@ -1,6 +1,6 @@
 """fsdp2-vllm-sync, with real FSDP2 (torch's ``fully_shard``) on the CPU and 2 processes.
 
-Each 2-process test launches ``tests/fsdp2_worker.py`` under ``torch.distributed.run`` (TRL's
+Each 2-process test launches ``tests/support/fsdp2_worker.py`` under ``torch.distributed.run`` (TRL's
 real GRPOTrainer on a tiny Qwen2, every parameter a sharded DTensor, 2 real GRPO training steps
 on the shards, gloo) and
 asserts on its ``F2|{json}`` markers: what TRL's real ``_move_model_to_vllm`` handed to vLLM
@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 
+from workers import SUPPORT, Run
 import pytest
 from packaging.version import Version
 
@@ -22,8 +23,7 @@ import trl_compat
 from trl_compat.patches import fsdp2_vllm_sync
 from versions import installed
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(HERE, "fsdp2_worker.py")
+WORKER = os.path.join(SUPPORT, "fsdp2_worker.py")
 PATCH_ID = "fsdp2-vllm-sync"
 
 TRL, TORCH = installed("trl"), installed("torch")
@@ -33,18 +33,6 @@ CAN_FSDP2 = TORCH is not None and TORCH >= Version("2.6.0")  # torch.distributed
 needs_fsdp2_window = pytest.mark.skipif(
     not (TRL_AFFECTED and CAN_FSDP2), reason="needs trl 0.18/0.19 (the window) and torch >= 2.6"
 )
-
-
-def test_status_matches_installed_versions():
-    if TRL is not None and importlib.util.find_spec("trl") is not None:
-        import trl.trainer.grpo_trainer  # noqa: F401  (the trigger)
-    status = trl_compat.status(PATCH_ID)
-    reason = {p.id: p.reason for p in trl_compat.report()}[PATCH_ID]
-    if TRL_AFFECTED:
-        assert status == trl_compat.APPLIED, trl_compat.report()
-        assert "only syncs FSDP1" in reason and "generations change" in reason, reason
-    else:
-        assert status == trl_compat.NOT_NEEDED, trl_compat.report()
 
 
 @pytest.mark.skipif(not TRL_AFFECTED, reason="the FSDP1-only sync exists in trl 0.18/0.19 only")
@@ -98,34 +86,9 @@ def launch(model_dir, out_dir, disable="", peft=False):
     )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            WORKER, str(model_dir), str(out_dir)] + (["peft"] if peft else [])
-    proc = subprocess.run(cmd, env=env, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.run(cmd, env=env, cwd=SUPPORT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=480)
-    return Run(proc.returncode, proc.stdout)
-
-
-class Run:
-    def __init__(self, returncode, output):
-        self.returncode, self.output = returncode, output
-        self.events = []
-        decoder, i = json.JSONDecoder(), 0
-        while True:
-            start = output.find("F2|", i)
-            if start < 0:
-                break
-            event, i = decoder.raw_decode(output, start + 3)
-            self.events.append(event)
-
-    def tail(self):
-        return self.output[-6000:]
-
-    def of(self, event, **match):
-        return [e for e in self.events if e["event"] == event and all(e.get(k) == v for k, v in match.items())]
-
-    def per_rank(self, event, **match):
-        found = self.of(event, **match)
-        by_rank = {e["rank"]: e for e in found}
-        assert sorted(by_rank) == [0, 1] and len(found) == 2, (event, match, found, self.tail())
-        return [by_rank[0], by_rank[1]]
+    return Run(proc.returncode, proc.stdout, "F2|")
 
 
 def check_fsdp2_training(run, peft=False):

@@ -62,23 +62,6 @@ def test_set_pad_token_only_when_missing():
     assert pt.set_pad_token(None) is False
 
 
-@needs_trl
-def test_status_for_the_installed_trl():
-    import trl.trainer.grpo_trainer  # noqa: F401 - the trigger module
-
-    status = {r.id: r for r in trl_compat.report()}[PID]
-    if BUGGY:
-        assert status.status == trl_compat.APPLIED, status
-        assert status.target == "trl.trainer.grpo_trainer.GRPOTrainer.__init__"
-    else:
-        assert status.status == trl_compat.NOT_NEEDED, status
-        if TRL >= Version("0.21"):
-            return  # the probe was written against TRL's code up to 0.20; the version gate decides beyond
-        # the probe recognises the fixed code too (what decides for main-branch builds in the window)
-        verdict = pt.probe(trl.trainer.grpo_trainer)
-        assert verdict.needed is False and "sets pad_token = eos_token" in verdict.reason
-
-
 def _run(tmp_path, tokenizer):
     import grpo_run
     import logps_capture

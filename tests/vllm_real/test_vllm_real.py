@@ -2,7 +2,7 @@
 
 Runs where a real ``vllm`` (not the test stand-in) has a device: a CUDA GPU with a GPU build
 (e.g. vLLM 0.7.2), or the CPU with a vLLM CPU build (the matrix cell ``vllm-cpu-real``:
-vllm-cpu 0.8.5.post2, see ``matrix/vllm_cpu/``); skipped otherwise (``tests/real_vllm.py`` picks
+vllm-cpu 0.8.5.post2, see ``matrix/vllm_cpu/``); skipped otherwise (``tests/support/real_vllm.py`` picks
 the device). Same assertions as ``test_vllm_sync.py``:
 
 * real vLLM rejects what TRL 0.14.0 sends (``There is no module or parameter named 'base_model'``);
@@ -12,7 +12,7 @@ the device). Same assertions as ``test_vllm_sync.py``:
   the merged weights after each sync.
 
 Run on a GPU box with e.g. ``pip install vllm==0.7.2 trl==0.15.0 peft==0.14.0`` then
-``pytest tests/test_vllm_real.py``; on the CPU: ``tox -e vllm-cpu-real``.
+``pytest tests/vllm_real/test_vllm_real.py``; on the CPU: ``tox -e vllm-cpu-real``.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@
   the patch's own ``apply`` on the real ``GRPOTrainer``: ``VLLM_USE_V1`` is "0" at the moment
   TRL's ``__init__`` calls ``LLM(...)``, unset without the patch, an explicit value is kept, and
   undoing the patch removes only its own "0".
-* Where a real vLLM >= 0.8 is installed (not the stand-in): ``tests/vllm_v1_worker.py`` builds
+* Where a real vLLM >= 0.8 is installed (not the stand-in): ``tests/support/vllm_v1_worker.py`` builds
   TRL's real engine in a fresh process, with and without the patch, and runs TRL's real
   ``_move_model_to_vllm``: with the patch the engine is V0 and vLLM holds the trained weights;
   without it, where vLLM picks V1, TRL dies with ``AttributeError: 'LLMEngine' object has no
@@ -26,6 +26,7 @@ import os
 import subprocess
 import sys
 
+from workers import SUPPORT
 import pytest
 import torch
 from packaging.version import Version
@@ -35,7 +36,6 @@ from trl_compat import _engine as engine
 from trl_compat.patches import vllm_v1_engine
 from versions import installed
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 PATCH_ID = "vllm-v1-engine"
 VAR = "VLLM_USE_V1"
 
@@ -76,26 +76,6 @@ def test_trl_half_of_the_probe_on_the_real_source():
         assert "self.llm.llm_engine.model_executor.driver_worker.model_runner.model" in source
     elif "llm_engine.model_executor" in source:  # 0.18/0.19 colocate: vLLM's external launcher
         assert "external_launcher" in source
-
-
-@pytest.mark.skipif(REAL_VLLM_V1, reason="with a real vLLM >= 0.8 the status depends on VLLM_USE_V1: see below")
-def test_status_matches_installed_versions():
-    if TRL is not None and importlib.util.find_spec("trl") is not None:
-        grpo_module()
-    reason = {p.id: p.reason for p in trl_compat.report()}[PATCH_ID]
-    if TRL_IN_PROCESS and STANDIN_V1:
-        assert trl_compat.status(PATCH_ID) == trl_compat.APPLIED, trl_compat.report()
-        assert f"which vLLM {VLLM}'s default V1 engine lacks" in reason, reason
-        return
-    assert trl_compat.status(PATCH_ID) == trl_compat.NOT_NEEDED, trl_compat.report()
-    if TRL is None:
-        assert "trl is not installed" in reason
-    elif not TRL_IN_PROCESS:
-        assert f"trl {TRL} is outside" in reason, reason
-    elif VLLM is None:
-        assert "vllm is not installed" in reason, reason
-    else:  # the stand-in: vLLM 0.7.x, V0 only
-        assert f"vllm {VLLM} is outside the affected window >=0.8.0.dev0" in reason, reason
 
 
 # -- the patch's apply on the real GRPOTrainer, with the stand-in's LLM -------------------------
@@ -269,8 +249,8 @@ def run_worker(tmp_path, disable):
     env = {k: v for k, v in os.environ.items() if k != VAR}
     env.update(TRL_COMPAT_STRICT="0", TRL_COMPAT_DISABLE=disable, PYTHONUNBUFFERED="1",
                VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "vllm_v1_worker.py"), str(tmp_path)],
-                          env=env, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, os.path.join(SUPPORT, "vllm_v1_worker.py"), str(tmp_path)],
+                          env=env, cwd=SUPPORT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("V1|")]
     assert proc.returncode == 0 and lines, proc.stdout[-6000:]
     return json.loads(lines[-1][3:])

@@ -42,10 +42,7 @@ from typing import Any, Callable, Optional, Union
 import pytest
 import torch
 
-try:  # imported as ``tests.grpo_run``
-    from . import tiny
-except ImportError:  # imported as ``grpo_run`` (pytest's rootdir-less sys.path insertion)
-    import tiny  # type: ignore[no-redef]
+import tiny
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -1,6 +1,6 @@
-"""One rank of a real 2-process FSDP2 GRPO run on the CPU (gloo), for tests/test_fsdp2_vllm_sync.py.
+"""One rank of a real 2-process FSDP2 GRPO run on the CPU (gloo), for tests/patches/test_fsdp2_vllm_sync.py.
 
-Launched as ``python -m torch.distributed.run --nproc_per_node 2 tests/fsdp2_worker.py MODEL_DIR OUT_DIR [peft]``.
+Launched as ``python -m torch.distributed.run --nproc_per_node 2 tests/support/fsdp2_worker.py MODEL_DIR OUT_DIR [peft]``.
 Whether fsdp2-vllm-sync is on is decided by the environment (``TRL_COMPAT_DISABLE``); this
 script only observes and prints one line per observation, ``F2|{json}``, which the test parses.
 
@@ -25,9 +25,6 @@ import math
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 RANK = int(os.environ.get("RANK", "0"))
 PATCH_ID = "fsdp2-vllm-sync"
@@ -124,7 +121,7 @@ def main():
     emit("versions", trl=trl.__version__, torch=torch.__version__, accelerate=accelerate.__version__,
          status=trl_compat.status(PATCH_ID))
 
-    tokenizer = tiny.make_tokenizer()  # as tests/grpo_run.py (from_pretrained loses settings on transformers 5)
+    tokenizer = tiny.make_tokenizer()  # as tests/support/grpo_run.py (from_pretrained loses settings on transformers 5)
     args = GRPOConfig(
         output_dir=out_dir,
         per_device_train_batch_size=2,

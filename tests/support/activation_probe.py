@@ -1,6 +1,6 @@
-"""What trl_compat's zero-code activation did in this process, for tests/test_activation.py.
+"""What trl_compat's zero-code activation did in this process, for tests/activation/test_activation.py.
 
-    python tests/activation_probe.py [--spawn]
+    python tests/support/activation_probe.py [--spawn]
 
 Prints one line ``PROBE|{json}``: whether trl_compat was imported before this script ran
 (this script never imports it), how (``trl_compat.activation.this_process()``), the patch

@@ -297,24 +297,6 @@ needs_nopeft_cell = pytest.mark.skipif(
 )
 
 
-def test_status_for_the_installed_versions():
-    pytest.importorskip("trl")
-    import trl.trainer.grpo_trainer as grpo  # noqa: F401 - fires the hook
-
-    status = trl_compat.status(PID)
-    record = {r.id: r for r in trl_compat.report()}[PID]
-    if _in_window() and _peft_missing():
-        assert status == trl_compat.APPLIED, record
-        assert "get_peft_model in GRPOTrainer.__init__" in record.reason
-    else:
-        assert status == trl_compat.NOT_NEEDED, record
-        if not _in_window():
-            assert "outside the affected window" in record.reason
-        else:
-            assert record.reason == "peft is installed: the module defines the PEFT names it uses"
-            assert not hasattr(grpo.get_peft_model, engine.MARKER)  # the real peft function
-
-
 def test_cli_report(capsys):
     import json
 

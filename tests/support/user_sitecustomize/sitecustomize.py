@@ -1,4 +1,4 @@
-"""A user's own ``sitecustomize``, for tests/test_activation.py: on ``PYTHONPATH`` behind
+"""A user's own ``sitecustomize``, for tests/activation/test_activation.py: on ``PYTHONPATH`` behind
 ``trl-compat run``'s bootstrap, it must still run (the bootstrap chains to it).
 
 It sets ``TRL_COMPAT_TEST_SITECUSTOMIZE=ran`` and, when ``TRL_COMPAT_TEST_REPORT_DIR`` is set,

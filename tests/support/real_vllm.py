@@ -65,7 +65,7 @@ def skip_reason() -> Optional[str]:
 
 
 def engine_kwargs(**extra: Any) -> dict[str, Any]:
-    """``vllm.LLM`` keyword arguments for the tiny float32 checkpoints of ``tests/tiny.py``."""
+    """``vllm.LLM`` keyword arguments for the tiny float32 checkpoints of ``tests/support/tiny.py``."""
     kwargs: dict[str, Any] = dict(dtype="float32", enforce_eager=True, max_model_len=128, seed=0)
     if DEVICE == "cuda":
         kwargs.update(gpu_memory_utilization=0.2)

@@ -328,17 +328,6 @@ def test_deepcopy_rebinds_to_the_copy(facts):
     torch.testing.assert_close(out_twin.logits, out.logits + 1.0)
 
 
-def test_innermost_through_wrappers(facts):
-    model = OldLM()
-    assert peel(torch.nn.DataParallel(model)) is model
-    assert peel(torch.compile(model)) is model  # compiles lazily: nothing is compiled here
-    for name in ("DeepSpeedEngine", "DistributedDataParallel", "FullyShardedDataParallel"):
-        # stand-ins by class name: these need a process group; all three keep the model as `.module`
-        engine = type(name, (torch.nn.Module,), {})()
-        engine.module = torch.nn.DataParallel(model)
-        assert peel(engine) is model
-
-
 def test_on_top_of_accelerate_mixed_precision(facts):
     """accelerate's prepare() replaces the instance forward for mixed precision (autocast +
     convert_outputs_to_fp32) and unwrap_model(keep_fp32_wrapper=False) strips wrappers again."""
@@ -360,13 +349,6 @@ def test_on_top_of_accelerate_mixed_precision(facts):
     assert ltk.prepare_model(model) == ltk.RENAME  # put back lazily at TRL's next call, once
     assert model(input_ids=IDS, logits_to_keep=2).logits.shape[1] == 2
     assert model.calls[-1] == {"num_logits_to_keep": 2}
-
-
-def test_innermost_through_peft():
-    peft = pytest.importorskip("peft")
-    model = make_qwen2()
-    wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["q_proj"], task_type="CAUSAL_LM"))
-    assert peel(wrapped) is model
 
 
 def test_peft_calls_the_instance_forward(facts):
@@ -435,19 +417,6 @@ def expected_status():
     if T014 or T019:
         return trl_compat.APPLIED  # no fallback slice: any model lacking TRL's name is wrong
     return trl_compat.APPLIED if OLD_TF else trl_compat.NOT_NEEDED
-
-
-@pytest.mark.skipif(TRL is None, reason="trl is not installed")
-def test_status_for_the_installed_versions():
-    gt = grpo_module()
-    assert trl_compat.status(PID) == expected_status(), trl_compat.report()
-    if IN_WINDOW:
-        entry = "_prepare_inputs" if T014 else "_get_per_token_logps"
-        layer, ours = vars(gt.GRPOTrainer)[entry], []
-        while layer is not None:  # other patches may wrap the same method (0.14.0: vllm-lora-names)
-            ours.append(PID in _engine.markers(layer) - _engine.markers(getattr(layer, "__wrapped__", None)))
-            layer = getattr(layer, "__wrapped__", None)
-        assert any(ours) == (expected_status() == trl_compat.APPLIED)
 
 
 @needs_trl

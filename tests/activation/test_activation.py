@@ -5,7 +5,7 @@ user's own, a ``multiprocessing`` spawn child inheriting the activation, no heav
 start-up, the switch on / off / broken, ``python -S``/``-I``/``-E``, and the report.
 
 One cell (trl 0.15.2 x transformers 4.48.3, with deepspeed and accelerate; about 3 minutes on
-2 cores): real 2-rank GRPO runs of ``tests/grpo_script.py``, which never imports trl_compat,
+2 cores): real 2-rank GRPO runs of ``tests/support/grpo_script.py``, which never imports trl_compat,
 
 * ``trl-compat run -- accelerate launch`` with DeepSpeed ZeRO-3: every rank has trl_compat from
   start-up, the cell's patches applied, finite losses, and no ZeRO-3 hook on the engine while
@@ -33,19 +33,19 @@ import sysconfig
 import venv
 import zipfile
 
+from workers import SUPPORT
 import pytest
 
 import trl_compat
 from trl_compat import activation
 from trl_compat.activation import launcher
-from test_matrix_status import APPLIED, OPT_IN
+from expected_status import APPLIED, OPT_IN
 from versions import installed
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-PROBE = os.path.join(HERE, "activation_probe.py")
-GRPO_SCRIPT = os.path.join(HERE, "grpo_script.py")
-USER_SITECUSTOMIZE = os.path.join(HERE, "user_sitecustomize")
+ROOT = os.path.dirname(os.path.dirname(SUPPORT))
+PROBE = os.path.join(SUPPORT, "activation_probe.py")
+GRPO_SCRIPT = os.path.join(SUPPORT, "grpo_script.py")
+USER_SITECUSTOMIZE = os.path.join(SUPPORT, "user_sitecustomize")
 BIN = os.path.dirname(sys.executable)
 
 PTH_INSTALLED = bool(activation.installed_site_files())
@@ -79,7 +79,7 @@ def trl_compat_run(*command):
 
 
 def probe(cmd, env, timeout=300):
-    out = subprocess.run(cmd, env=env, cwd=HERE, capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(cmd, env=env, cwd=SUPPORT, capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = [line for line in out.stdout.splitlines() if line.startswith("PROBE|")]
     assert len(lines) == 1, out.stdout + out.stderr
@@ -242,14 +242,14 @@ def test_describe_names_the_mechanism():
 def test_report_says_how_in_json_and_text():
     # TRL_COMPAT_DISABLE=*: nothing pending, so the report imports no trigger module (fast everywhere).
     env = base_env(TRL_COMPAT_DISABLE="*")
-    out = subprocess.run(trl_compat_run(sys.executable, "-m", "trl_compat", "--json"), env=env, cwd=HERE,
+    out = subprocess.run(trl_compat_run(sys.executable, "-m", "trl_compat", "--json"), env=env, cwd=SUPPORT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert set(data) == {"versions", "activation", "patches"}
     assert data["activation"]["mechanisms"] == [activation.LAUNCHER], data["activation"]
     assert data["activation"]["this_process"] == activation.LAUNCHER
-    text = subprocess.run([sys.executable, "-m", "trl_compat"], env=env, cwd=HERE, capture_output=True, text=True,
+    text = subprocess.run([sys.executable, "-m", "trl_compat"], env=env, cwd=SUPPORT, capture_output=True, text=True,
                           timeout=120)
     assert text.returncode == 0, text.stderr
     line = [row for row in text.stdout.splitlines() if row.strip().startswith("activation")]
@@ -338,7 +338,7 @@ def torchrun(*script):
 
 def run_ranks(cmd, env, out_dir, log):
     with open(log, "w") as fh:
-        proc = subprocess.run(cmd, env=env, cwd=HERE, stdout=fh, stderr=subprocess.STDOUT, timeout=600)
+        proc = subprocess.run(cmd, env=env, cwd=SUPPORT, stdout=fh, stderr=subprocess.STDOUT, timeout=600)
     with open(log) as fh:
         tail = fh.read()[-6000:]
     assert proc.returncode == 0, tail
@@ -423,7 +423,7 @@ def test_trl_grpo_cli_under_launcher(model_dir, tmp_path):
         "--per_device_train_batch_size", "2", "--num_generations", "2", "--max_prompt_length", "16",
         "--max_completion_length", "8", "--report_to", "none", "--save_strategy", "no", "--logging_steps", "1",
         "--disable_tqdm", "True", "--learning_rate", "1e-3", "--seed", "0", "--bf16", "False")
-    proc = subprocess.run(cmd, env=env, cwd=HERE, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, env=env, cwd=SUPPORT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     losses = [line for line in proc.stdout.splitlines() if line.startswith("{'loss': ")]
     assert len(losses) == 2, proc.stdout[-4000:]

@@ -50,24 +50,6 @@ def test_mask_masks_leading_pads_and_completion_after_first_eos():
     assert lam.logps_mask(torch.tensor([[0, 0, 4, 5]]), 1, None, None).tolist() == [[1, 1, 1, 1]]
 
 
-@needs_trl
-def test_status_for_the_installed_trl():
-    import trl.trainer.grpo_trainer  # noqa: F401 - the trigger module
-
-    status = {r.id: r for r in trl_compat.report()}[PID]
-    if BUGGY:
-        assert status.status == trl_compat.APPLIED, status
-        assert "without attention_mask" in status.reason
-        assert status.target == "trl.trainer.grpo_trainer.GRPOTrainer.compute_loss"
-    else:
-        assert status.status == trl_compat.NOT_NEEDED, status
-        if TRL >= Version("0.21"):
-            return  # the probe was written against TRL's code up to 0.20; the version gate decides beyond
-        # the probe recognises the fixed code too (what decides for main-branch builds in the window)
-        verdict = lam.probe(trl.trainer.grpo_trainer)
-        assert verdict.needed is False and "passes the attention mask" in verdict.reason
-
-
 def _run(tmp_path):
     import grpo_run
     import logps_capture

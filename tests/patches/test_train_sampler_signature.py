@@ -36,17 +36,6 @@ affected_only = pytest.mark.skipif(
                          "trl0.16.1-tf4.52.4)")
 
 
-def test_status_matches_installed_versions():
-    if HAVE_TRL:
-        import trl.trainer.grpo_trainer  # noqa: F401  (the trigger)
-    expected = trl_compat.APPLIED if AFFECTED else trl_compat.NOT_NEEDED
-    assert trl_compat.status(PID) == expected, trl_compat.report()
-    if AFFECTED:
-        reason = {p.id: p.reason for p in trl_compat.report()}[PID]
-        assert "sampler_fn(dataset) passes 1 positional argument(s)" in reason, reason
-        assert "GRPOTrainer._get_train_sampler(self) cannot take" in reason, reason
-
-
 @needs_trl
 def test_probe_agrees_with_the_real_code(unpatched):
     import trl.trainer.grpo_trainer as module

@@ -1,6 +1,6 @@
-"""One rank of a 2-process DeepSpeed ZeRO-3 GRPO run with evaluation, for tests/test_grpo_eval_014.py.
+"""One rank of a 2-process DeepSpeed ZeRO-3 GRPO run with evaluation, for tests/patches/test_grpo_eval_014.py.
 
-Launched as ``python -m torch.distributed.run --nproc_per_node 2 tests/zero3_eval_worker.py MODEL_DIR OUT_DIR``
+Launched as ``python -m torch.distributed.run --nproc_per_node 2 tests/support/zero3_eval_worker.py MODEL_DIR OUT_DIR``
 (TRL 0.14.0 cells). Prints one ``Z3|{json}`` line per observation (``zero3_worker.emit``).
 
 ``train()`` with ``eval_on_start``: the evaluation runs inside training, where ``Trainer.model``
@@ -19,9 +19,6 @@ generation dies in ``torch.multinomial``; that is no business of these patches.
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 from zero3_worker import DS_CONFIG, emit, finish, serialise_all_gathers, skip_shm_build  # noqa: E402
 

@@ -1,6 +1,6 @@
-"""TRL 0.14/0.15's real in-process vLLM engine on a real vLLM >= 0.8, for tests/test_vllm_v1_engine.py.
+"""TRL 0.14/0.15's real in-process vLLM engine on a real vLLM >= 0.8, for tests/patches/test_vllm_v1_engine.py.
 
-Run as ``python tests/vllm_v1_worker.py OUT_DIR`` in a fresh process without ``VLLM_USE_V1`` (the
+Run as ``python tests/support/vllm_v1_worker.py OUT_DIR`` in a fresh process without ``VLLM_USE_V1`` (the
 test removes it); ``TRL_COMPAT_DISABLE=vllm-v1-engine`` runs it unpatched. It builds a GRPOTrainer
 with ``use_vllm=True`` on a tiny Qwen2 (CPU: ``vllm_device="cpu"``; GPU: TRL's ``"auto"``), notes
 ``VLLM_USE_V1`` at the moment TRL calls ``LLM(...)`` and the engine class vLLM built, checks vLLM
@@ -13,9 +13,6 @@ import json
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 # head_dim 64: vLLM's attention backends do not all take the tiny fixtures' 32
 SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,

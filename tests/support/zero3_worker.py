@@ -1,6 +1,6 @@
-"""One rank of a real 2-process DeepSpeed ZeRO-3 GRPO run on the CPU, for tests/test_zero3.py.
+"""One rank of a real 2-process DeepSpeed ZeRO-3 GRPO run on the CPU, for tests/patches/test_zero3_unwrap.py.
 
-Launched as ``python -m torch.distributed.run --nproc_per_node 2 tests/zero3_worker.py MODEL_DIR OUT_DIR``.
+Launched as ``python -m torch.distributed.run --nproc_per_node 2 tests/support/zero3_worker.py MODEL_DIR OUT_DIR``.
 Whether trl_compat's ZeRO-3 patches are on is decided by the environment
 (``TRL_COMPAT_DISABLE``); this script only observes and prints one line per
 observation, ``Z3|{json}``, which the test parses. What it does, in order:
@@ -29,9 +29,6 @@ import math
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 RANK = int(os.environ.get("RANK", "0"))
 

@@ -8,7 +8,7 @@
   'get'``; with it, training with ``eval_strategy="steps"`` logs the GRPO metrics with the
   ``eval_`` prefix, computed from the evaluation completions only, and the training log keeps its
   own (values checked against the rewards the reward function returned).
-* TRL 0.14.0 cells with deepspeed: one 2-process ZeRO-3 launch (``tests/zero3_eval_worker.py``,
+* TRL 0.14.0 cells with deepspeed: one 2-process ZeRO-3 launch (``tests/support/zero3_eval_worker.py``,
   about 25 s): evaluation inside training (``eval_on_start``) works with grpo-eval-0.14 and
   zero3-unwrap together, and fails without either one.
 """
@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 
+from workers import SUPPORT
 import pytest
 from packaging.version import Version
 
@@ -34,8 +35,7 @@ NO_GET = "'list' object has no attribute 'get'"
 NO_OPTIMIZER = "AttributeError: 'Qwen2ForCausalLM' object has no attribute 'optimizer'"
 GRPO_KEYS = ("loss", "reward", "reward_std", "kl", "completion_length", "rewards/varying_reward")
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(HERE, "zero3_eval_worker.py")
+WORKER = os.path.join(SUPPORT, "zero3_eval_worker.py")
 
 
 TRL, DS = installed("trl"), installed("deepspeed")
@@ -47,16 +47,6 @@ TRL_014 = HAVE_TRL and Version("0.14.0") <= TRL < Version("0.15.0")
 needs_trl = pytest.mark.skipif(not HAVE_TRL, reason="needs trl")
 only_014 = pytest.mark.skipif(not TRL_014, reason="the bug is in trl 0.14.0 (cells trl0.14.0-tf4.46.3, "
                                                   "trl0.14.0-tf4.52.4); fixed in 0.15.0")
-
-
-def test_status_matches_installed_versions():
-    if HAVE_TRL:
-        import trl.trainer.grpo_trainer  # noqa: F401  (the trigger)
-    expected = trl_compat.APPLIED if TRL_014 else trl_compat.NOT_NEEDED
-    assert trl_compat.status(PID) == expected, trl_compat.report()
-    if TRL_014:
-        reason = {p.id: p.reason for p in trl_compat.report()}[PID]
-        assert "calls inputs.get(...)" in reason and NO_GET in reason, reason
 
 
 @needs_trl
@@ -169,7 +159,7 @@ def test_zero3_two_processes_eval_needs_both_patches(tmp_path):
                DS_ACCELERATOR="cpu", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            WORKER, str(model_dir), str(tmp_path / "out")]
-    proc = subprocess.run(cmd, env=env, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.run(cmd, env=env, cwd=SUPPORT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=420)
     tail = proc.stdout[-6000:]
     assert proc.returncode == 0, tail

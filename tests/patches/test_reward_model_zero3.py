@@ -2,7 +2,7 @@
 
 * Every cell: the status matches the installed versions, and the probe, run directly on the real
   ``GRPOTrainer.__init__`` (no version window), agrees with the code it finds.
-* 2 processes, ZeRO-3, gloo on the CPU (``tests/zero3_reward_worker.py``; about 30 s a launch), only
+* 2 processes, ZeRO-3, gloo on the CPU (``tests/support/zero3_reward_worker.py``; about 30 s a launch), only
   at the ends of the window, TRL 0.14.x and 0.16.x with transformers < 4.52 (cells
   trl0.14.0-tf4.46.3, trl0.16.1-tf4.50.3): the reward model, a tiny Qwen2ForSequenceClassification
   whose pad id is 2, is passed as a directory and loaded partitioned by TRL. Without the patch
@@ -16,17 +16,16 @@ import os
 import subprocess
 import sys
 
+from workers import SUPPORT, Run
 import pytest
 from packaging.version import Version
 
 import trl_compat
-from test_zero3 import Run
 from trl_compat.patches.reward_model_zero3 import PATCH
 from versions import installed
 
 PID = PATCH.id
-HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(HERE, "zero3_reward_worker.py")
+WORKER = os.path.join(SUPPORT, "zero3_reward_worker.py")
 PADDING_IDX = "AssertionError: Padding_idx must be within num_embeddings"
 
 TRL, DS, TF = installed("trl"), installed("deepspeed"), installed("transformers")
@@ -41,12 +40,6 @@ needs_trl = pytest.mark.skipif(not HAVE_TRL, reason="needs trl")
 two_process = pytest.mark.skipif(
     not TWO_PROCESS_CELL,
     reason="2-process ZeRO-3 reward-model runs: trl 0.14.x / 0.16.x with deepspeed and transformers < 4.52 only")
-
-
-def test_status_matches_installed_versions():
-    if HAVE_TRL:
-        import trl.trainer.grpo_trainer  # noqa: F401  (the trigger)
-    assert trl_compat.status(PID) == (trl_compat.APPLIED if AFFECTED else trl_compat.NOT_NEEDED), trl_compat.report()
 
 
 @needs_trl
@@ -73,9 +66,9 @@ def launch(model_dirs, out_dir, disable=""):
                DS_ACCELERATOR="cpu", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            WORKER, *map(str, model_dirs), str(out_dir)]
-    proc = subprocess.run(cmd, env=env, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.run(cmd, env=env, cwd=SUPPORT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=420)
-    return Run(proc.returncode, proc.stdout)
+    return Run(proc.returncode, proc.stdout, "Z3|")
 
 
 def check_loaded_partitioned(run, patched):

@@ -1,13 +1,13 @@
-"""A GRPO training script that never imports trl_compat, for tests/test_activation.py.
+"""A GRPO training script that never imports trl_compat, for tests/activation/test_activation.py.
 
-    <launcher> tests/grpo_script.py MODEL_DIR OUT_DIR [--zero3]
+    <launcher> tests/support/grpo_script.py MODEL_DIR OUT_DIR [--zero3]
 
 Run by torchrun or ``accelerate launch`` (2 ranks, gloo, CPU), under ``trl-compat run``,
 with ``TRL_COMPAT_AUTO=1``, or with neither. Each rank trains a tiny Qwen2 for 2 GRPO steps
-(``tests/grpo_run.py``) and writes ``OUT_DIR/rank<RANK>.json``: whether trl_compat was in
+(``tests/support/grpo_run.py``) and writes ``OUT_DIR/rank<RANK>.json``: whether trl_compat was in
 ``sys.modules`` before this script's first line ran (start-up activation), how it got there,
 the patch statuses after training, the losses, and with ``--zero3`` (DeepSpeed ZeRO-3, the
-config of tests/zero3_worker.py) the number of ZeRO-3 forward hooks on the engine at the
+config of tests/support/zero3_worker.py) the number of ZeRO-3 forward hooks on the engine at the
 start of training and while each GRPO generation ran: 0 with ``zero3-unwrap`` (generation on
 gathered weights, hooks removed), all of them without it (TRL 0.15's early return).
 """
@@ -21,9 +21,6 @@ import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 
 def main():
@@ -94,7 +91,7 @@ def main():
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     # Skip the interpreter's teardown: gloo's and DeepSpeed's CPU threads sometimes abort
-    # there after everything has passed (see tests/zero3_worker.py's finish()).
+    # there after everything has passed (see tests/support/zero3_worker.py's finish()).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
