@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from trl_compat import _zero3
 from trl_compat.patches import transformers5_grpo, vllm_lora_names, vllm_prefix_cache, zero3_hooks_api, zero3_unwrap
 
 
@@ -60,7 +61,7 @@ def test_hooks_api_new_name_in_a_comment_is_still_needed(tmp_path, monkeypatch):
             optimizer_offload._register_hooks_recursively(optimizer_offload.module)
     ''')
     renamed = type("DeepSpeedZeRoOffload", (), {zero3_hooks_api.NEW: lambda self, module: None})
-    monkeypatch.setattr(zero3_hooks_api, "_offload_class", lambda: renamed)
+    monkeypatch.setattr(_zero3, "offload_class", lambda: renamed)
     verdict = zero3_hooks_api.probe(module)
     assert verdict.needed is True, verdict.reason
 

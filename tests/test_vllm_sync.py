@@ -379,8 +379,8 @@ def test_inplace_fallback_for_structures_the_stream_does_not_know(monkeypatch, c
             self.got = {n: t.detach().clone() for n, t in weights}
 
     receiver = Receiver()
-    monkeypatch.setattr(vllm_sync, "_plan", refuse)
-    monkeypatch.setattr(vllm_sync, "vllm_model_of", lambda trainer: receiver)
+    monkeypatch.setattr(vllm_sync.stream, "plan_steps", refuse)
+    monkeypatch.setattr(vllm_sync.trainer, "vllm_model_of", lambda trainer: receiver)
     with caplog.at_level("WARNING", logger="trl_compat"):
         assert vllm_sync.sync_trainer(_fake_trainer(model, None)) is True
     assert "in-place merge_adapter()" in caplog.text
@@ -693,7 +693,7 @@ def _zero3_worker(out_path):
     trainer = types.SimpleNamespace(model=model, accelerator=types.SimpleNamespace(is_main_process=rank == 0),
                                     llm=None)
     if rank == 0:
-        vllm_sync.vllm_model_of = lambda _trainer: receiver
+        vllm_sync.trainer.vllm_model_of = lambda _trainer: receiver
     handled = vllm_sync.sync_trainer(trainer)
     # and through the DeepSpeed engine (unwrapped by the sync itself)
     receiver2 = Receiver() if rank == 0 else None

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 
+from trl_compat import _zero3
 from trl_compat._engine import Patch, affected, needed, not_needed, undecided
 from trl_compat._source import code
 
@@ -53,14 +54,6 @@ def probe(module):
     return undecided("GRPOTrainer.__init__ prepares reward models in a form trl_compat does not know")
 
 
-def _zero_stage(trainer):
-    if not getattr(trainer, "is_deepspeed_enabled", False):
-        return None
-    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
-    config = getattr(plugin, "deepspeed_config", None) or {}
-    return (config.get("zero_optimization") or {}).get("stage")
-
-
 def _init_factory(module):
     from transformers import PreTrainedModel
 
@@ -68,7 +61,7 @@ def _init_factory(module):
         @functools.wraps(original)
         def __init__(self, *args, **kwargs):
             original(self, *args, **kwargs)
-            if _zero_stage(self) != 3:
+            if _zero3.config_stage(self) != 3:
                 return
             engines = []
             for reward_func in getattr(self, "reward_funcs", None) or ():

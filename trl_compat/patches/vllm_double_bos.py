@@ -27,16 +27,10 @@ stripped). This changes what vLLM generates for those prompts: after one BOS, as
 from __future__ import annotations
 
 from trl_compat import vllm_prompts
-from trl_compat._engine import Patch, affected, needed, not_needed, undecided
-from trl_compat._source import code
+from trl_compat._engine import affected, needed, not_needed
 
 
-def probe(module):
-    cls = module.GRPOTrainer
-    name = vllm_prompts.generation_method(cls)
-    if name is None:
-        return undecided("no GRPOTrainer method calls self.llm.generate / self.vllm_client.generate")
-    source = code(getattr(cls, name))
+def _judge(name, source):
     if "add_special_tokens=False" not in source:
         return not_needed(f"GRPOTrainer.{name} tokenises prompts with the tokenizer's special tokens, as vLLM does")
     if not vllm_prompts.calls_vllm_with_text(source):
@@ -47,22 +41,19 @@ def probe(module):
                   "training ids, which changes what is generated for them (prompts both tokenise alike are untouched)")
 
 
-def apply(module, patcher):
-    vllm_prompts.wrap_generation(module, patcher, vllm_prompts.DOUBLE_BOS)
+def probe(module):
+    return vllm_prompts.probe_generation(module, _judge)
 
 
 # The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0"]}}
 
 
-PATCH = Patch(
-    id=vllm_prompts.DOUBLE_BOS,
+PATCH = vllm_prompts.prompt_patch(
+    vllm_prompts.DOUBLE_BOS,
+    probe,
+    trl=affected("0.14.0", "0.20.0"),
     summary="use_vllm: vLLM added a second BOS (the tokenizer's) to chat-templated prompts training tokenised with one",
     upstream="https://github.com/huggingface/trl/issues/3853 (fixed in 0.24.0 by PR #4152)",
-    module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer",
-    requires={"trl": affected("0.14.0", "0.20.0"), "vllm": ">=0"},
-    probe=probe,
-    apply=apply,
     remove_when="TRL < 0.24 is no longer supported",
 )

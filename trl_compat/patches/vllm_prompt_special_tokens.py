@@ -27,16 +27,10 @@ special tokens, as the loss sees it.
 from __future__ import annotations
 
 from trl_compat import vllm_prompts
-from trl_compat._engine import Patch, affected, needed, not_needed, undecided
-from trl_compat._source import code
+from trl_compat._engine import affected, needed, not_needed
 
 
-def probe(module):
-    cls = module.GRPOTrainer
-    name = vllm_prompts.generation_method(cls)
-    if name is None:
-        return undecided("no GRPOTrainer method calls self.llm.generate / self.vllm_client.generate")
-    source = code(getattr(cls, name))
+def _judge(name, source):
     if "batch_decode(prompt_ids, skip_special_tokens=True" in source:
         return needed(f"GRPOTrainer.{name} decodes the truncated prompt ids for vLLM with skip_special_tokens=True: "
                       "chat-template tokens and BOS are missing from every vLLM prompt; with the patch vLLM "
@@ -46,22 +40,19 @@ def probe(module):
     return not_needed(f"GRPOTrainer.{name} does not re-decode the truncated prompt for vLLM")
 
 
-def apply(module, patcher):
-    vllm_prompts.wrap_generation(module, patcher, vllm_prompts.SPECIAL_TOKENS)
+def probe(module):
+    return vllm_prompts.probe_generation(module, _judge)
 
 
 # The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.19.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.18.2", "0.20.0"]}}
 
 
-PATCH = Patch(
-    id=vllm_prompts.SPECIAL_TOKENS,
+PATCH = vllm_prompts.prompt_patch(
+    vllm_prompts.SPECIAL_TOKENS,
+    probe,
+    trl=affected("0.19.0", "0.20.0"),
     summary="use_vllm: TRL 0.19.0 stripped chat-template tokens and BOS from every vLLM prompt",
     upstream="https://github.com/huggingface/trl/issues/3644 (fixed in 0.19.1 by PRs #3651, #3698)",
-    module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer",
-    requires={"trl": affected("0.19.0", "0.20.0"), "vllm": ">=0"},
-    probe=probe,
-    apply=apply,
     remove_when="TRL 0.19.0 is no longer supported",
 )

@@ -28,16 +28,10 @@ those prompts only: from the prompt the loss is computed on.
 from __future__ import annotations
 
 from trl_compat import vllm_prompts
-from trl_compat._engine import Patch, affected, needed, not_needed, undecided
-from trl_compat._source import code
+from trl_compat._engine import affected, needed, not_needed, undecided
 
 
-def probe(module):
-    cls = module.GRPOTrainer
-    name = vllm_prompts.generation_method(cls)
-    if name is None:
-        return undecided("no GRPOTrainer method calls self.llm.generate / self.vllm_client.generate")
-    source = code(getattr(cls, name))
+def _judge(name, source):
     if "-self.max_prompt_length" not in source:
         return not_needed(f"GRPOTrainer.{name} does not truncate prompts")
     if "batch_decode(prompt_ids" in source:
@@ -51,22 +45,19 @@ def probe(module):
                   "changes what is generated for prompts longer than max_prompt_length")
 
 
-def apply(module, patcher):
-    vllm_prompts.wrap_generation(module, patcher, vllm_prompts.TRUNCATION)
+def probe(module):
+    return vllm_prompts.probe_generation(module, _judge)
 
 
 # The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.18.2", "0.19.0.dev0"], "outside": ["0.19.0"]}}
 
 
-PATCH = Patch(
-    id=vllm_prompts.TRUNCATION,
+PATCH = vllm_prompts.prompt_patch(
+    vllm_prompts.TRUNCATION,
+    probe,
+    trl=affected("0.14.0", "0.19.0"),
     summary="use_vllm: vLLM generated from the untruncated prompt, the loss saw its last max_prompt_length ids",
     upstream="https://github.com/huggingface/trl/issues/3569 (fixed in 0.19.0 by PR #3601)",
-    module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer",
-    requires={"trl": affected("0.14.0", "0.19.0"), "vllm": ">=0"},
-    probe=probe,
-    apply=apply,
     remove_when="TRL < 0.19 is no longer supported",
 )

@@ -41,32 +41,12 @@ Remove this patch when trl_compat no longer supports TRL < 0.16.0.
 from __future__ import annotations
 
 import functools
-import importlib
-import sys
 
+from trl_compat import _zero3
 from trl_compat._engine import Patch, affected, needed, not_needed, undecided
 from trl_compat._source import code
 
-OLD = "_register_hooks_recursively"
-NEW = "_register_deepspeed_module"
-OFFLOAD_MODULE = "deepspeed.runtime.zero.parameter_offload"
-
-
-def parameter_offload(model):
-    """The ``DeepSpeedZeRoOffload`` behind a ZeRO-3 engine, as TRL finds it; None otherwise."""
-    optimizer = getattr(model, "optimizer", None)  # nn.Module raises AttributeError: bare modules give None
-    if optimizer is None:
-        return None
-    return getattr(optimizer, "parameter_offload", optimizer)
-
-
-def _offload_class():
-    module = sys.modules.get(OFFLOAD_MODULE)
-    if module is None:
-        # trl.models.utils imports deepspeed at its top whenever it is installed, and
-        # deepspeed's engine imports this module: normally this is a dictionary lookup.
-        module = importlib.import_module(OFFLOAD_MODULE)
-    return getattr(module, "DeepSpeedZeRoOffload")
+OLD, NEW = _zero3.OLD, _zero3.NEW
 
 
 def probe(module):
@@ -76,7 +56,7 @@ def probe(module):
     if OLD not in source:
         return not_needed(f"TRL's add_hooks does not call {OLD}")
     try:
-        cls = _offload_class()
+        cls = _zero3.offload_class()
     except Exception as exc:  # noqa: BLE001 - a broken DeepSpeed install is not ours to judge
         return undecided(f"cannot look up DeepSpeedZeRoOffload ({type(exc).__name__}: {exc})")
     has_old, has_new = hasattr(cls, OLD), hasattr(cls, NEW)
@@ -93,9 +73,7 @@ def probe(module):
 def _wrap_add_hooks(original):
     @functools.wraps(original)
     def add_hooks(model, *args, **kwargs):
-        offload = parameter_offload(model)
-        if offload is not None and not hasattr(offload, OLD) and hasattr(offload, NEW):
-            getattr(offload, NEW)(offload.module)
+        if _zero3.reregister_hooks(model):
             return None
         return original(model, *args, **kwargs)
 

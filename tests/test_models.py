@@ -1,0 +1,59 @@
+"""trl_compat._models.peel: the model under the wrappers training puts around it."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tiny  # noqa: E402
+
+from trl_compat._models import peel  # noqa: E402
+
+
+def stand_in(name, inner):
+    """A wrapper known by class name only (the real ones need a process group); like the real
+    DeepSpeedEngine, DDP and FSDP1, it keeps the model as ``.module``."""
+    wrapper = type(name, (torch.nn.Module,), {})()
+    wrapper.module = inner
+    return wrapper
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny.make_model("qwen2")
+
+
+def test_peels_compile_and_data_parallel(model):
+    assert peel(torch.nn.DataParallel(model)) is model
+    assert peel(torch.compile(model)) is model  # compiles lazily: nothing is compiled here
+    assert peel(torch.compile(torch.nn.DataParallel(model))) is model
+
+
+@pytest.mark.parametrize("name", ["DeepSpeedEngine", "DistributedDataParallel", "PipelineEngine"])
+def test_peels_distributed_wrappers_by_class_name(model, name):
+    assert peel(stand_in(name, torch.nn.DataParallel(model))) is model
+    subclass = type("My" + name, (type(stand_in(name, model)),), {})()
+    subclass.module = model
+    assert peel(subclass) is model  # along the MRO
+
+
+def test_fsdp1_only_when_asked(model):
+    fsdp = stand_in("FullyShardedDataParallel", model)
+    assert peel(fsdp) is model
+    assert peel(fsdp, fsdp=False) is fsdp  # the vLLM sync gathers the shards through the FSDP module
+
+
+def test_peft_only_when_asked(model):
+    peft = pytest.importorskip("peft")
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["q_proj"], task_type="CAUSAL_LM"))
+    try:
+        assert peel(wrapped) is model
+        assert peel(stand_in("DeepSpeedEngine", wrapped)) is model
+        assert peel(wrapped.base_model) is model  # a bare LoraModel
+        assert peel(stand_in("DeepSpeedEngine", wrapped), peft=False) is wrapped  # merging needs the PeftModel
+    finally:
+        wrapped.unload()
+
+
+def test_a_plain_object_is_returned_as_it_is():
+    obj = object()
+    assert peel(obj) is obj
