@@ -1,6 +1,7 @@
 import os
 
 import pytest
+
 from unpatched import without_patch
 
 # No test may reach the Hugging Face Hub.

@@ -16,8 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
-import grpo_run  # noqa: E402
-import tiny  # noqa: E402
+import grpo_run
+import tiny
 
 STANDIN = grpo_run.standin_vllm_installed()
 requires_peft = pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="peft is not installed")

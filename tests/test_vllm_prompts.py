@@ -20,11 +20,11 @@ import importlib
 import importlib.util
 import uuid
 
-import pytest
-
 import trl_compat
-from trl_compat._engine import logs as engine_logs
 from trl_compat import vllm_prompts
+from trl_compat._engine import logs as engine_logs
+
+import pytest
 
 TRUNCATION, SPECIAL, DOUBLE_BOS = vllm_prompts.TRUNCATION, vllm_prompts.SPECIAL_TOKENS, vllm_prompts.DOUBLE_BOS
 HAVE_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))

@@ -27,12 +27,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import tiny  # noqa: E402
-from workers import child_env  # noqa: E402
-
+import trl_compat
+from trl_compat import vllm_sync
 from trl_compat._models import peel
-import trl_compat  # noqa: E402
-from trl_compat import vllm_sync  # noqa: E402
+
+import tiny
+from workers import child_env
 
 LORA_ID, MERGED_ID = "vllm-lora-names", "vllm-merged-weights"
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -501,8 +501,9 @@ def test_probes_read_the_real_code():
     version = _trl_version()
     if grpo is None or version.is_devrelease:
         pytest.skip("needs a released trl")
-    from unpatched import without_patch
     from trl_compat.patches import vllm_lora_names, vllm_merged_weights
+
+    from unpatched import without_patch
 
     def verdict(patch, pid):
         if trl_compat.status(pid) != trl_compat.APPLIED:
@@ -647,13 +648,14 @@ def _zero3_worker(out_path):
     """One rank (run as ``torch.distributed.run ... tests/test_vllm_sync.py --zero3-worker OUT``)."""
     import json
 
-    import deepspeed.comm.torch  # noqa: F401
+    import deepspeed.comm.torch
 
     # DeepSpeed's CPU accelerator JIT-builds an optional shm op (a minute on 2 cores); gloo suffices.
     # (``import deepspeed.comm.torch as m`` would bind the torch package, hence sys.modules.)
     sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     import deepspeed
     import torch.distributed as dist
+
     from zero3_worker import serialise_all_gathers
 
     serialise_all_gathers()  # DeepSpeed 0.16's out-of-order gloo all-gathers (see zero3_worker)

@@ -33,14 +33,15 @@ import sysconfig
 import venv
 import zipfile
 
-from workers import SUPPORT
-import pytest
-
 import trl_compat
 from trl_compat import activation
 from trl_compat.activation import launcher
+
+import pytest
+
 from expected_status import APPLIED, OPT_IN
 from versions import installed
+from workers import SUPPORT
 
 ROOT = os.path.dirname(os.path.dirname(SUPPORT))
 PROBE = os.path.join(SUPPORT, "activation_probe.py")
@@ -402,9 +403,10 @@ def test_trl_grpo_cli_under_launcher(model_dir, tmp_path):
     """TRL 0.15's ``trl grpo`` runs its own scripts/grpo.py through accelerate's launcher. That
     script takes a reward *model* and ``load_dataset(dataset_name)``: a local directory with a
     ``train.jsonl`` needs no Hub."""
-    import tiny
     import torch
     from transformers import Qwen2ForSequenceClassification
+
+    import tiny
 
     torch.manual_seed(0)
     reward_dir = tiny.save_tiny(tmp_path / "reward", model=Qwen2ForSequenceClassification(

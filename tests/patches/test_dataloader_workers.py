@@ -18,11 +18,11 @@ import math
 import multiprocessing
 from collections import Counter
 
+from trl_compat.patches.dataloader_workers import PATCH, identity
+
 import pytest
 from packaging.version import Version
 
-import trl_compat
-from trl_compat.patches.dataloader_workers import PATCH, identity
 from versions import installed
 
 PID = PATCH.id
@@ -66,8 +66,9 @@ def start_method(method):
 
 def _train(tmp_path, workers):
     """A 2-step GRPO run; returns the trainer and the prompts of each batch GRPO received."""
-    import grpo_run
     from trl import GRPOTrainer
+
+    import grpo_run
 
     received = []
 

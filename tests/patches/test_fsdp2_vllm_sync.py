@@ -9,19 +9,18 @@ weights. One launch with the patch (strict mode), one with ``TRL_COMPAT_DISABLE`
 About 30-60 s per launch on 2 cores; only TRL 0.18.x/0.19.x (the window) run them.
 """
 
-import importlib.util
-import json
 import os
 import subprocess
 import sys
 
-from workers import SUPPORT, Run
+import trl_compat
+from trl_compat.patches import fsdp2_vllm_sync
+
 import pytest
 from packaging.version import Version
 
-import trl_compat
-from trl_compat.patches import fsdp2_vllm_sync
 from versions import installed
+from workers import SUPPORT, Run
 
 WORKER = os.path.join(SUPPORT, "fsdp2_worker.py")
 PATCH_ID = "fsdp2-vllm-sync"
@@ -37,8 +36,9 @@ needs_fsdp2_window = pytest.mark.skipif(
 
 @pytest.mark.skipif(not TRL_AFFECTED, reason="the FSDP1-only sync exists in trl 0.18/0.19 only")
 def test_the_probe_reads_trls_fsdp1_only_sync():
-    import trl.trainer.grpo_trainer as grpo
     from trl_compat._source import code
+
+    import trl.trainer.grpo_trainer as grpo
 
     source = code(grpo.GRPOTrainer._sync_fsdp_params_to_vllm)  # unwraps the patch's wrapper
     assert "isinstance(module, FSDP)" in source and "full_tensor" not in source

@@ -22,13 +22,14 @@ import os
 import subprocess
 import sys
 
-from workers import SUPPORT
+import trl_compat
+from trl_compat.patches.grpo_eval_014 import PATCH
+
 import pytest
 from packaging.version import Version
 
-import trl_compat
 from versions import installed
-from trl_compat.patches.grpo_eval_014 import PATCH
+from workers import SUPPORT
 
 PID = PATCH.id
 NO_GET = "'list' object has no attribute 'get'"
@@ -64,8 +65,9 @@ def test_probe_agrees_with_the_real_code(unpatched):
 
 
 def _trainer(tmp_path, eval_prompts=4, **overrides):
-    import grpo_run
     from trl import GRPOTrainer
+
+    import grpo_run
 
     with_eval = functools.partial(GRPOTrainer, eval_dataset=grpo_run.tiny.prompt_dataset(eval_prompts))
     return grpo_run.make_trainer(tmp_path, trainer_cls=with_eval, **overrides)
@@ -95,8 +97,9 @@ def test_later_releases_log_eval_loss_and_reward(tmp_path):
 
 @only_014
 def test_eval_during_training_reports_eval_metrics_apart_from_training(tmp_path):
-    import grpo_run
     import torch
+
+    import grpo_run
 
     calls = []  # (mode, mean reward) per reward-function call, in order
     holder = {}

@@ -25,12 +25,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from packaging.version import Version  # noqa: E402
-
+import trl_compat
 from trl_compat._models import peel
-import trl_compat  # noqa: E402
-from trl_compat import _engine  # noqa: E402
-from trl_compat.patches import logits_to_keep as ltk  # noqa: E402
+from trl_compat.patches import logits_to_keep as ltk
+
+from packaging.version import Version
 
 PID = ltk.PATCH_ID
 TF = Version(transformers.__version__)
@@ -39,7 +38,7 @@ SHIM_TF = Version("4.49") <= TF < Version("4.52")  # both names (deprecate_kwarg
 NEW_TF = TF >= Version("4.52")  # only logits_to_keep
 
 try:
-    import trl  # noqa: F401
+    import trl
 
     TRL = Version(trl.__version__)
 except ImportError:

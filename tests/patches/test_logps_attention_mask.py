@@ -14,8 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import trl_compat  # noqa: E402
-from trl_compat.patches import logps_attention_mask as lam  # noqa: E402
+import trl_compat
+from trl_compat.patches import logps_attention_mask as lam
 
 PID = lam.PATCH_ID
 

@@ -15,8 +15,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import trl_compat  # noqa: E402
-from trl_compat.patches import logps_temperature as lt  # noqa: E402
+import trl_compat
+from trl_compat.patches import logps_temperature as lt
 
 PID = lt.PATCH_ID
 T = 0.5

@@ -16,8 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import trl_compat  # noqa: E402
-from trl_compat.patches import pad_token as pt  # noqa: E402
+from trl_compat.patches import pad_token as pt
 
 PID = pt.PATCH_ID
 WORDS = (2, 3, 5, 7)
@@ -109,9 +108,10 @@ def test_grpo_runs_with_eos_as_pad_token(tmp_path):
 
 
 def _trainer_loading_its_tokenizer(tmp_path):
+    from trl import GRPOTrainer
+
     import grpo_run
     import tiny
-    from trl import GRPOTrainer
 
     path = tiny.save_tiny(tmp_path / "model", "qwen2", tokenizer=no_pad_tokenizer())
     args, _ = grpo_run.make_config(tmp_path / "out")

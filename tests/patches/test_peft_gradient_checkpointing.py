@@ -14,8 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-import trl_compat  # noqa: E402
-from trl_compat.patches import peft_gradient_checkpointing as pgc  # noqa: E402
+from trl_compat.patches import peft_gradient_checkpointing as pgc
 
 PID = pgc.PATCH_ID
 

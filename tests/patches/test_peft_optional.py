@@ -20,13 +20,13 @@ import sys
 import types
 import uuid
 
-import pytest
-
 import trl_compat
 from trl_compat import _engine as engine
 from trl_compat._engine import Patch, Patcher, dist_version
 from trl_compat.patches import peft_optional
 from trl_compat.patches.peft_optional import PATCH
+
+import pytest
 
 PID = PATCH.id
 
@@ -314,8 +314,9 @@ def test_cli_report(capsys):
 
 @needs_nopeft_cell
 def test_full_finetuning_three_steps(tmp_path):
-    import grpo_run
     import trl.trainer.grpo_trainer as grpo
+
+    import grpo_run
 
     assert trl_compat.status(PID) == trl_compat.APPLIED
     assert grpo.get_peft_model is peft_optional.get_peft_model_unavailable
@@ -337,9 +338,10 @@ def test_full_finetuning_with_vllm_three_steps(tmp_path):
 
 @needs_nopeft_cell
 def test_peft_config_raises_clear_import_error_before_loading(tmp_path, monkeypatch, unpatched):
+    import trl.trainer.grpo_trainer as grpo
+
     import grpo_run
     import tiny
-    import trl.trainer.grpo_trainer as grpo
 
     path = tiny.save_tiny(tmp_path / "tiny")
     loads = []
@@ -394,8 +396,9 @@ def _load_pr2725_variant(grpo, tmp_path):
 
 @needs_nopeft_cell
 def test_pr2725_line_on_the_real_trainer(tmp_path):
-    import grpo_run
     import trl.trainer.grpo_trainer as grpo
+
+    import grpo_run
 
     reason = grpo_run.vllm_unsupported_reason()
     if reason is not None:

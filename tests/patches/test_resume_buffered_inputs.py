@@ -13,11 +13,11 @@
 import importlib.util
 import math
 
+from trl_compat.patches.resume_buffered_inputs import PATCH
+
 import pytest
 from packaging.version import Version
 
-import trl_compat
-from trl_compat.patches.resume_buffered_inputs import PATCH
 from versions import installed
 
 PID = PATCH.id

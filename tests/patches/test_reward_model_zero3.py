@@ -16,13 +16,14 @@ import os
 import subprocess
 import sys
 
-from workers import SUPPORT, Run
+import trl_compat
+from trl_compat.patches.reward_model_zero3 import PATCH
+
 import pytest
 from packaging.version import Version
 
-import trl_compat
-from trl_compat.patches.reward_model_zero3 import PATCH
 from versions import installed
+from workers import SUPPORT, Run
 
 PID = PATCH.id
 WORKER = os.path.join(SUPPORT, "zero3_reward_worker.py")

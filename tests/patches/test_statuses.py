@@ -10,13 +10,14 @@ import os
 import subprocess
 import sys
 
+from trl_compat.patches import PATCHES
+
 import pytest
-from expected_status import APPLIED, OPT_IN
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
-from versions import installed
 
-from trl_compat.patches import PATCHES
+from expected_status import APPLIED, OPT_IN
+from versions import installed
 
 CELL = os.environ.get("TRL_COMPAT_CELL")
 pytestmark = pytest.mark.skipif(CELL is None, reason="not a matrix cell (TRL_COMPAT_CELL unset)")

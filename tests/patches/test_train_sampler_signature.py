@@ -13,13 +13,13 @@ import importlib.util
 import math
 from collections import Counter
 
+from trl_compat import _engine
+from trl_compat.patches.train_sampler_signature import PATCH
+
 import pytest
 from packaging.version import Version
 
-import trl_compat
-from trl_compat import _engine
 from versions import installed
-from trl_compat.patches.train_sampler_signature import PATCH
 
 PID = PATCH.id
 EXACT = "GRPOTrainer._get_train_sampler() takes 1 positional argument but 2 were given"
@@ -84,8 +84,9 @@ def test_train_raises_type_error_without_patch(tmp_path, unpatched):
 
 @affected_only
 def test_grpo_trains_and_batches_stay_grouped(tmp_path):
-    import grpo_run
     from trl import GRPOTrainer
+
+    import grpo_run
 
     received = []
 

@@ -21,9 +21,7 @@ import textwrap
 import pytest
 from packaging.version import Version
 
-import trl_compat
 from versions import installed
-
 
 TRL = installed("trl")
 TF = installed("transformers")
@@ -116,8 +114,9 @@ def test_import_fixed_when_trl_came_first():
 
 @needs_affected
 def test_use_cache_none_fails_without_patch(tmp_path, unpatched):
-    import grpo_run
     from huggingface_hub.errors import StrictDataclassFieldValidationError
+
+    import grpo_run
 
     with unpatched(USE_CACHE_ID):
         with pytest.raises(StrictDataclassFieldValidationError) as info:
@@ -138,11 +137,12 @@ def test_warnings_issued_missing_without_patch(tmp_path, unpatched):
 
 @needs_affected
 def test_proxy_drops_only_none_use_cache(tmp_path):
-    import tiny
-    import trl.trainer.grpo_trainer as gt
-    import transformers
-
     from trl_compat.patches.transformers5_use_cache import DropNoneUseCache
+
+    import transformers
+    import trl.trainer.grpo_trainer as gt
+
+    import tiny
 
     assert isinstance(gt.AutoModelForCausalLM, DropNoneUseCache)
     assert gt.AutoModelForCausalLM.__wrapped__ is transformers.AutoModelForCausalLM
@@ -155,8 +155,9 @@ def test_proxy_drops_only_none_use_cache(tmp_path):
 @needs_affected
 @pytest.mark.parametrize("case", ["qwen2-full", "llama-lora", "qwen2-beta-ref"])
 def test_grpo_runs_with_patches(tmp_path, case):
-    import grpo_run
     import torch
+
+    import grpo_run
 
     kwargs = {"qwen2-full": dict(model="qwen2", beta=0.0),
               "llama-lora": dict(model="llama", peft=True, beta=0.0),

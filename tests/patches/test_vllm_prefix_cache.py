@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import importlib.util
 
-import pytest
-
 import trl_compat
+
+import pytest
 
 PID = "vllm-prefix-cache"
 HAVE_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
@@ -146,9 +146,9 @@ def test_stays_above_vllm_merged_weights_through_revert_and_install():
     """On 0.15.0 both patches wrap _move_model_to_vllm; trl_compat's sync does not call the method
     below it, so the reset must stay on top, whatever is reverted and installed again."""
     _grpo_on_015_or_skip()
-    from trl.trainer.grpo_trainer import GRPOTrainer
-
     from trl_compat import _engine
+
+    from trl.trainer.grpo_trainer import GRPOTrainer
 
     merged = "vllm-merged-weights"
     if trl_compat.status(merged) != trl_compat.APPLIED:

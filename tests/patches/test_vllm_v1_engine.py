@@ -26,15 +26,16 @@ import os
 import subprocess
 import sys
 
-from workers import SUPPORT
+import trl_compat
+from trl_compat import _engine as engine
+from trl_compat.patches import vllm_v1_engine
+
 import pytest
 import torch
 from packaging.version import Version
 
-import trl_compat
-from trl_compat import _engine as engine
-from trl_compat.patches import vllm_v1_engine
 from versions import installed
+from workers import SUPPORT
 
 PATCH_ID = "vllm-v1-engine"
 VAR = "VLLM_USE_V1"

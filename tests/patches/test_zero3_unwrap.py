@@ -9,18 +9,18 @@ About 20-30 s per launch on 2 cores; skipped where deepspeed or trl is missing.
 
 import importlib.metadata
 import importlib.util
-import json
 import os
 import subprocess
 import sys
 
-from workers import SUPPORT, Run
+import trl_compat
+from trl_compat import _engine
+
 import pytest
 from packaging.version import Version
 
-import trl_compat
-from trl_compat import _engine
 from versions import installed
+from workers import SUPPORT, Run
 
 WORKER = os.path.join(SUPPORT, "zero3_worker.py")
 

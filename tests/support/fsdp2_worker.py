@@ -25,7 +25,6 @@ import math
 import os
 import sys
 
-
 RANK = int(os.environ.get("RANK", "0"))
 PATCH_ID = "fsdp2-vllm-sync"
 
@@ -110,13 +109,12 @@ def main():
     import accelerate
     import torch
     import trl
-    from torch.distributed.tensor import DTensor
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.tensor import DTensor
     from trl import GRPOConfig, GRPOTrainer
 
     import tiny
-
-    from torch.distributed.fsdp import FSDPModule, fully_shard
 
     emit("versions", trl=trl.__version__, torch=torch.__version__, accelerate=accelerate.__version__,
          status=trl_compat.status(PATCH_ID))

@@ -16,11 +16,10 @@ import sys
 
 TRL_COMPAT_AT_START = "trl_compat" in sys.modules  # first: nothing of ours has run yet
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-
+import argparse
+import json
+import math
+import os
 
 
 def main():

@@ -13,7 +13,6 @@ import json
 import os
 import sys
 
-
 # head_dim 64: vLLM's attention backends do not all take the tiny fixtures' 32
 SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=256)
@@ -21,13 +20,13 @@ SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_
 
 def main():
     out_dir = sys.argv[1]
-    import trl_compat  # noqa: F401  (before trl, as a user would)
+    import trl_compat  # before trl, as a user would
 
     import torch
+    import trl.trainer.grpo_trainer as grpo
 
     import grpo_run
     import tiny
-    import trl.trainer.grpo_trainer as grpo
 
     record = {p.id: p for p in trl_compat.report()}["vllm-v1-engine"]
     out = {"status": record.status, "reason": record.reason, "env_at_construction": []}

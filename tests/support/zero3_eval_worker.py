@@ -16,11 +16,9 @@ about one launch in five gets a NaN gradient norm in its first step, after which
 generation dies in ``torch.multinomial``; that is no business of these patches.
 """
 
-import os
 import sys
 
-
-from zero3_worker import DS_CONFIG, emit, finish, serialise_all_gathers, skip_shm_build  # noqa: E402
+from zero3_worker import DS_CONFIG, emit, finish, serialise_all_gathers, skip_shm_build
 
 IDS = ("grpo-eval-0.14", "zero3-unwrap", "zero3-hooks-api")
 

@@ -16,11 +16,9 @@ as with a Hub id. Whether reward-model-zero3 is on is decided by the environment
 """
 
 import math
-import os
 import sys
 
-
-from zero3_worker import DS_CONFIG, emit, finish, serialise_all_gathers, skip_shm_build  # noqa: E402
+from zero3_worker import DS_CONFIG, emit, finish, serialise_all_gathers, skip_shm_build
 
 
 def main():
@@ -28,7 +26,7 @@ def main():
     skip_shm_build()
     serialise_all_gathers()
 
-    import trl_compat  # noqa: F401  (before trl, as a user would)
+    import trl_compat  # before trl, as a user would
 
     import trl
     from transformers import AutoTokenizer

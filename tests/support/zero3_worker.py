@@ -29,7 +29,6 @@ import math
 import os
 import sys
 
-
 RANK = int(os.environ.get("RANK", "0"))
 
 

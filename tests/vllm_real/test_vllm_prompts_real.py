@@ -28,7 +28,7 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("vllm")
-import real_vllm  # noqa: E402  (VLLM_USE_V1=0, VLLM_CPU_KVCACHE_SPACE=1)
+import real_vllm  # VLLM_USE_V1=0, VLLM_CPU_KVCACHE_SPACE=1
 
 if real_vllm.skip_reason():
     pytest.skip(real_vllm.skip_reason(), allow_module_level=True)
@@ -36,11 +36,11 @@ if real_vllm.DEVICE != "cpu":
     pytest.skip("grpo_run trains on the CPU with vllm_device='cpu' (a vLLM CPU build)", allow_module_level=True)
 pytest.importorskip("trl")
 
-import grpo_run  # noqa: E402
-import tiny  # noqa: E402
+import trl_compat
+from trl_compat import vllm_prompts
 
-import trl_compat  # noqa: E402
-from trl_compat import vllm_prompts  # noqa: E402
+import grpo_run
+import tiny
 
 if grpo_run.real_vllm_unsupported_reason():
     pytest.skip(grpo_run.real_vllm_unsupported_reason(), allow_module_level=True)
@@ -162,7 +162,7 @@ def test_truncation_on_real_vllm_max_model_len_error_and_fix(tmp_path, unpatched
                                                                 rf"the maximum model length of {limit}\.") as info:
         _train(tmp_path, tiny.make_tokenizer(), dataset, engine_runs)
     assert engine_runs == []  # rejected before any generation
-    info = None  # its traceback holds the first trainer and its engine: free them before the next
+    del info  # its traceback holds the first trainer and its engine: free them before the next
     gc.collect()
     ran, expected = _train(tmp_path / "patched", tiny.make_tokenizer(), dataset, engine_runs)
     assert ran == expected and {len(ids) for ids in ran} == {MAX_PROMPT}

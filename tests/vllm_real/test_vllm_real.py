@@ -25,17 +25,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 vllm = pytest.importorskip("vllm")
-import real_vllm  # noqa: E402  (sets VLLM_USE_V1=0: driver_worker.model_runner.model is the V0 engine)
+import real_vllm  # sets VLLM_USE_V1=0, VLLM_CPU_KVCACHE_SPACE=1 before vLLM is imported
 
 if real_vllm.skip_reason():
     pytest.skip(real_vllm.skip_reason(), allow_module_level=True)
 pytest.importorskip("peft")
 
-import tiny  # noqa: E402
-
+import trl_compat
+from trl_compat import vllm_sync
 from trl_compat._models import peel
-import trl_compat  # noqa: E402
-from trl_compat import vllm_sync  # noqa: E402
+
+import tiny
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # head_dim 64: vLLM's attention backends do not all take the tiny fixtures' 32

@@ -31,7 +31,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
-import real_vllm  # noqa: E402  (VLLM_USE_V1=0, VLLM_CPU_KVCACHE_SPACE=1)
+import real_vllm  # sets VLLM_USE_V1=0, VLLM_CPU_KVCACHE_SPACE=1 before vLLM is imported
 
 if real_vllm.skip_reason():
     pytest.skip(real_vllm.skip_reason(), allow_module_level=True)
@@ -40,12 +40,11 @@ if real_vllm.DEVICE != "cpu":
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
-import grpo_run  # noqa: E402
-import tiny  # noqa: E402
-
+import trl_compat
 from trl_compat._models import peel
-import trl_compat  # noqa: E402
-from trl_compat import vllm_sync  # noqa: E402
+
+import grpo_run
+import tiny
 
 if grpo_run.real_vllm_unsupported_reason():
     pytest.skip(grpo_run.real_vllm_unsupported_reason(), allow_module_level=True)

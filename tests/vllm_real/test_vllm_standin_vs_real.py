@@ -26,12 +26,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 vllm = pytest.importorskip("vllm")
-import real_vllm  # noqa: E402
+import real_vllm
 
 if real_vllm.skip_reason():
     pytest.skip(real_vllm.skip_reason(), allow_module_level=True)
 
-import tiny  # noqa: E402
+import tiny
 
 STANDIN_SOURCE = pathlib.Path(__file__).parent / "vllm_standin" / "vllm"
 PROMPT = " ".join(tiny.vocab_words()[:40])  # blocks of 16 end at 16 and 32, then the partial last one

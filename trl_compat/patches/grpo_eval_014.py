@@ -137,7 +137,7 @@ def _wrap_log(original):
         store = self.__dict__.get(EVAL_STORE)
         try:
             metrics = {f"eval_{k}": sum(v) / len(v) for k, v in (store or {}).items() if v}
-        except Exception:  # noqa: BLE001 - odd values: log what Trainer gave, as TRL would
+        except Exception:  # odd values: log what Trainer gave, as TRL would
             logger.debug("trl_compat: %s: could not average the evaluation metrics", PATCH_ID, exc_info=True)
             metrics = {}
         if store is not None:

@@ -33,7 +33,7 @@ UNMERGE = "unmerge_adapter()"
 
 
 def probe(module):
-    cls = getattr(module, "GRPOTrainer")
+    cls = module.GRPOTrainer
     if "_move_model_to_vllm" not in vars(cls):
         return not_needed("GRPOTrainer does not define _move_model_to_vllm")
     source = code(vars(cls)["_move_model_to_vllm"])

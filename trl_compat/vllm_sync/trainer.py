@@ -37,7 +37,7 @@ def sync_trainer(trainer: Any) -> bool:
         peft = Peft()
         peft_model = peel(model, peft=False, fsdp=False)
         if peft.isinstance(peft_model, "PeftModel") and callable(getattr(peft_model, "merge_adapter", None)):
-            warn_once(log, 
+            warn_once(log,
                 "inplace:" + str(exc),
                 "trl_compat: vLLM sync: %s is not supported by the out-of-place merge; falling back to "
                 "TRL 0.15.1's in-place merge_adapter()/unmerge_adapter() (vLLM gets the merged weights, "

@@ -84,8 +84,8 @@ except _metadata.PackageNotFoundError:  # imported from the source tree
     __version__ = "0.7.2"
 __stand_in__ = True  # lets tests tell this apart from a real vLLM
 
-from .entrypoints.llm import LLM  # noqa: E402
-from .outputs import CompletionOutput, RequestOutput  # noqa: E402
-from .sampling_params import GuidedDecodingParams, SamplingParams  # noqa: E402
+from .entrypoints.llm import LLM
+from .outputs import CompletionOutput, RequestOutput
+from .sampling_params import GuidedDecodingParams, SamplingParams
 
 __all__ = ["LLM", "SamplingParams", "GuidedDecodingParams", "RequestOutput", "CompletionOutput", "__version__"]

@@ -70,7 +70,7 @@ class _KeepLogitsForward:
         self.__qualname__ = getattr(wrapped, "__qualname__", "forward")
         self.__doc__ = getattr(wrapped, "__doc__", None)
         self.__module__ = getattr(wrapped, "__module__", __name__)
-        setattr(self, "__trl_compat_patch__", PATCH_ID)
+        self.__trl_compat_patch__ = PATCH_ID
 
     def __call__(self, module, *args, **kwargs):
         prev = module.__dict__.get(_PREV, None)
@@ -159,7 +159,7 @@ def unwrap_all() -> None:
     for model in list(_wrapped):
         try:
             unwrap(model)
-        except Exception:  # noqa: BLE001 - reverting must go on for the other models
+        except Exception:  # reverting must go on for the other models
             log.warning("trl_compat: %s: could not restore %s.forward", PATCH_ID, type(model).__name__, exc_info=True)
 
 

@@ -77,7 +77,7 @@ def wrap_entry(original, trl: TrlCall):
         try:
             for model in models_in(self, args, kwargs):
                 prepare_model(model)
-        except Exception:  # noqa: BLE001 - never break training; TRL's own behaviour follows
+        except Exception:  # never break training; TRL's own behaviour follows
             if not warned:
                 warned.append(True)
                 log.warning("trl_compat: %s: could not prepare the model; TRL runs unchanged", PATCH_ID,

@@ -52,7 +52,7 @@ def wrap(original, dataset_names):
         result = original(self)
         try:
             return _retarget(result, dataset)
-        except Exception:  # noqa: BLE001 - never break training over the retarget
+        except Exception:  # never break training over the retarget
             log.debug("trl_compat: %s: could not point the sampler at the given dataset", PATCH_ID, exc_info=True)
             return result
 
