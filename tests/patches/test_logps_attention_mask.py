@@ -17,15 +17,13 @@ pytest.importorskip("transformers")
 import trl_compat
 from trl_compat.patches import logps_attention_mask as lam
 
+from packaging.version import Version
+
+from versions import installed
+
 PID = lam.PATCH_ID
 
-try:
-    import trl
-    from packaging.version import Version
-
-    TRL = Version(trl.__version__)
-except ImportError:  # the notrl cell
-    TRL = None
+TRL = installed("trl")
 
 BUGGY = TRL is not None and TRL < Version("0.15.0")
 needs_trl = pytest.mark.skipif(TRL is None, reason="trl is not installed")

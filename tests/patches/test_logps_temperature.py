@@ -18,16 +18,14 @@ pytest.importorskip("transformers")
 import trl_compat
 from trl_compat.patches import logps_temperature as lt
 
+from packaging.version import Version
+
+from versions import installed
+
 PID = lt.PATCH_ID
 T = 0.5
 
-try:
-    import trl
-    from packaging.version import Version
-
-    TRL = Version(trl.__version__)
-except ImportError:  # the notrl cell
-    TRL = None
+TRL = installed("trl")
 
 BUGGY = TRL is not None and TRL < Version("0.16.0")
 needs_trl = pytest.mark.skipif(TRL is None, reason="trl is not installed")

@@ -18,16 +18,14 @@ pytest.importorskip("transformers")
 
 from trl_compat.patches import pad_token as pt
 
+from packaging.version import Version
+
+from versions import installed
+
 PID = pt.PATCH_ID
 WORDS = (2, 3, 5, 7)
 
-try:
-    import trl
-    from packaging.version import Version
-
-    TRL = Version(trl.__version__)
-except ImportError:  # the notrl cell
-    TRL = None
+TRL = installed("trl")
 
 BUGGY = TRL is not None and TRL < Version("0.17.0")
 needs_trl = pytest.mark.skipif(TRL is None, reason="trl is not installed")

@@ -16,15 +16,13 @@ pytest.importorskip("peft")
 
 from trl_compat.patches import peft_gradient_checkpointing as pgc
 
+from packaging.version import Version
+
+from versions import installed
+
 PID = pgc.PATCH_ID
 
-try:
-    import trl
-    from packaging.version import Version
-
-    TRL = Version(trl.__version__)
-except ImportError:  # the notrl cell
-    TRL = None
+TRL = installed("trl")
 
 BUGGY = TRL is not None and TRL < Version("0.16.0")
 needs_trl = pytest.mark.skipif(TRL is None, reason="trl is not installed")

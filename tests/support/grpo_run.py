@@ -307,3 +307,23 @@ def run_grpo(tmpdir: Union[str, os.PathLike], **kwargs: Any):
 def finite_losses(log_history: list[dict]) -> bool:
     losses = train_losses(log_history)
     return bool(losses) and all(math.isfinite(x) for x in losses)
+
+
+def spy_training_prompt_ids(trainer):
+    """Record the (unpadded) prompt ids TRL >= 0.15 computes the loss on; None on 0.14 (inline)."""
+    name = "_generate_and_score_completions" if hasattr(trainer, "_generate_and_score_completions") else \
+        "_prepare_inputs"
+    if trl_version()[:2] < (0, 15):
+        return None
+    seen: set = set()
+    method = getattr(trainer, name)
+
+    def spy(*args, **kwargs):
+        out = method(*args, **kwargs)
+        if isinstance(out, dict) and "prompt_ids" in out:
+            for row, mask in zip(out["prompt_ids"], out["prompt_mask"]):
+                seen.add(tuple(row[mask.bool()].tolist()))
+        return out
+
+    setattr(trainer, name, spy)
+    return seen

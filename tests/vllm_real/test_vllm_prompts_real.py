@@ -112,7 +112,7 @@ def _train(tmp_path, tokenizer, dataset, ran):
     trainer = grpo_run.make_trainer(tmp_path, model=path, use_vllm=True, steps=2, train_dataset=dataset,
                                     processing_class=tokenizer, max_prompt_length=MAX_PROMPT,
                                     max_completion_length=8)
-    seen_by_loss = _spy_training_prompt_ids(trainer)
+    seen_by_loss = grpo_run.spy_training_prompt_ids(trainer)
     trainer.train()
     assert grpo_run.finite_losses(trainer.state.log_history)
     expected = {tuple(tokenizer(maybe_apply_chat_template(x, tokenizer)["prompt"], add_special_tokens=False)
@@ -123,26 +123,6 @@ def _train(tmp_path, tokenizer, dataset, ran):
     # shown with -s or on failure: what the engine ran against what the loss used
     print(f"engine ran {sorted(set(ran))}\nloss used  {sorted(expected)}")
     return set(ran), expected
-
-
-def _spy_training_prompt_ids(trainer):
-    """The (unpadded) prompt ids TRL >= 0.15 returns for the loss; None on 0.14 (inline)."""
-    if grpo_run.trl_version()[:2] < (0, 15):
-        return None
-    name = "_generate_and_score_completions" if hasattr(trainer, "_generate_and_score_completions") else \
-        "_prepare_inputs"
-    seen: set = set()
-    method = getattr(trainer, name)
-
-    def spy(*args, **kwargs):
-        out = method(*args, **kwargs)
-        if isinstance(out, dict) and "prompt_ids" in out:
-            for row, mask in zip(out["prompt_ids"], out["prompt_mask"]):
-                seen.add(tuple(row[mask.bool()].tolist()))
-        return out
-
-    setattr(trainer, name, spy)
-    return seen
 
 
 def test_truncation_bug_on_real_vllm_without_the_patch(tmp_path, unpatched, engine_runs):
