@@ -31,7 +31,6 @@ from trl_compat import _engine as engine
 from trl_compat.patches import vllm_v1_engine
 
 import pytest
-import torch
 from packaging.version import Version
 
 from versions import installed
@@ -170,6 +169,8 @@ def engine_name(trainer):
 
 def vllm_holds_policy_weights(trainer):
     """Whether every weight vLLM holds equals the policy's, cast to vLLM's dtype."""
+    import torch
+
     held = trainer.llm.model.hf_state_dict()
     policy = trainer.model.state_dict()
     assert set(held) <= set(policy), sorted(set(held) - set(policy))
@@ -215,6 +216,8 @@ def test_grpo_without_the_patch_dies_at_the_first_weight_sync(tmp_path, construc
 
 @needs_standin_v1
 def test_grpo_with_the_patch_runs_on_v0_and_vllm_gets_the_trained_weights(tmp_path, constructions):
+    import torch
+
     import grpo_run
 
     assert trl_compat.status(PATCH_ID) == trl_compat.APPLIED, trl_compat.report()
