@@ -7,6 +7,7 @@ import os
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
 
 SITE_FILES_DIR = os.path.join("trl_compat", "activation", "site_files")
 SITE_FILES = ("trl_compat.pth", "trl_compat.start", "_trl_compat_auto.py")
@@ -25,4 +26,20 @@ class build_py_with_site_files(build_py):
         return list(super().get_source_files()) + [os.path.join(SITE_FILES_DIR, n) for n in SITE_FILES]
 
 
-setup(cmdclass={"build_py": build_py_with_site_files})
+class sdist_with_symlinked_tests(sdist):
+    """setuptools lists a file reachable through a symlinked directory once, under whichever
+    path it walks first: tests/vllm_standin/v0.9.1/vllm (a symlink) can hide tests/vllm_standin/vllm.
+    Put the real paths back; the symlinked copies stay (the versioned stand-ins need them)."""
+
+    def make_distribution(self):
+        listed = set(self.filelist.files)
+        for dirpath, dirnames, filenames in os.walk("tests"):  # symlinks not followed: the real files
+            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+            for name in filenames:
+                path = os.path.join(dirpath, name)
+                if not name.endswith((".pyc", ".pyo")) and path not in listed:
+                    self.filelist.append(path)
+        super().make_distribution()
+
+
+setup(cmdclass={"build_py": build_py_with_site_files, "sdist": sdist_with_symlinked_tests})

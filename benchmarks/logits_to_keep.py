@@ -24,12 +24,15 @@ run in interleaved rounds (unpatched, patched, native, unpatched, ...) so that l
 jobs on a shared machine falls on all of them; time is the median over all measured calls.
 Every variant also returns its log-probs, which must agree across variants.
 
-    python benchmarks/logits_to_keep.py                  # writes benchmarks/logits_to_keep.md
+    tox -e bench-logits_to_keep                          # writes benchmarks/logits_to_keep.md
     python benchmarks/logits_to_keep.py --rounds 5 --out /tmp/x.md
 
-The venvs default to the matrix cell ``/work/venvs/trl0.15.2-tf4.48.3`` and
-``/work/venvs/scratch-ltk-trl0.15.2-tf4.50.3`` (same pins but transformers 4.50.3); change them
-with ``--venv-old`` / ``--venv-native``. Not part of the default test run.
+unpatched and patched run on the interpreter running this script (``--python`` to change it:
+a venv of the matrix cell trl0.15.2-tf4.48.3, as tox's env is). native runs on the same
+interpreter with transformers ``--native-transformers`` (4.50.3) laid over it: installed with
+``pip install --no-deps --target <--overlay-dir>/...`` and put first on ``PYTHONPATH`` (only
+transformers differs; ``--python-native`` runs it on another interpreter instead). Not part of
+the default test run.
 """
 
 from __future__ import annotations
@@ -41,7 +44,10 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+
+import _measure
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -52,33 +58,6 @@ TARGET = 1.05  # patched peak memory within 1.05x of native
 
 
 # -- child: one variant -------------------------------------------------------------------------
-
-
-def _status(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets VmHWM to the current RSS
-
-
-def _measure(fn, repeats: int):
-    fn()  # warm-up: thread pools, lazy inits
-    peaks, times, result = [], [], None
-    for _ in range(repeats):
-        _reset_peak()
-        base = _status("VmRSS:")
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-        peaks.append(_status("VmHWM:") - base)
-    return dict(peak_bytes=max(peaks), peak_bytes_all=peaks, seconds=statistics.median(times),
-                seconds_all=times), result
 
 
 def child(mode: str, repeats: int) -> dict:
@@ -126,9 +105,9 @@ def child(mode: str, repeats: int) -> dict:
                                         torch=torch.__version__))
     if mode != "unpatched":
         out["trl_compat_status"] = sys.modules["trl_compat"].status("logits-to-keep")
-    out["ref"], logps = _measure(ref_call, repeats)
+    out["ref"], logps = _measure.measure(ref_call, repeats)
     out["ref"]["lm_head_out"] = list(rows[-1])
-    out["policy"], _ = _measure(policy_call, repeats)
+    out["policy"], _ = _measure.measure(policy_call, repeats)
     out["policy"]["lm_head_out"] = list(rows[-1])
     out["forward_wrapped"] = "forward" in vars(model)
     out["logps"] = logps.tolist()
@@ -140,8 +119,9 @@ def child(mode: str, repeats: int) -> dict:
 def _overhead(n: int = 20000) -> dict:
     """The patch's own cost per TRL call, without any model work: ``prepare_model`` on an
     already-prepared model, and the wrapped forward vs the bare one on a module that does nothing."""
-    import torch
     from trl_compat.patches import logits_to_keep as ltk
+
+    import torch
 
     class Nothing(torch.nn.Module):
         def forward(self, input_ids, num_logits_to_keep=0):
@@ -165,10 +145,13 @@ def _overhead(n: int = 20000) -> dict:
 # -- parent: run the variants, write the report --------------------------------------------------
 
 
-def run_child(python: str, mode: str, repeats: int) -> dict:
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+def run_child(python: str, mode: str, repeats: int, pythonpath: str = "") -> dict:
+    env = dict(os.environ, **_measure.MALLOC_ENV, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", TRL_COMPAT_STRICT="1", PYTHONWARNINGS="ignore")
     env.pop("TRL_COMPAT_DISABLE", None)
+    env.pop("PYTHONPATH", None)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
     cmd = [python, os.path.abspath(__file__), "--child", mode, "--repeats", str(repeats)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
     if proc.returncode != 0:
@@ -176,8 +159,7 @@ def run_child(python: str, mode: str, repeats: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def mib(n: float) -> str:
-    return f"{n / 2**20:,.0f}"
+mib = _measure.mib
 
 
 def spread(r: dict) -> str:
@@ -192,7 +174,7 @@ def report(results: dict, args, wall: float) -> str:
     lines = [
         "# logits-to-keep: peak memory and time of `GRPOTrainer._get_per_token_logps`",
         "",
-        f"Generated by `python benchmarks/logits_to_keep.py` on {time.strftime('%Y-%m-%d')} "
+        f"Generated by `tox -e bench-logits_to_keep` on {time.strftime('%Y-%m-%d')} "
         f"({platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"torch {pa['versions']['torch']}; {args.rounds} interleaved rounds x {args.repeats} measured calls per "
         f"variant; whole run {wall:.0f} s; 1-min load average {args.load[0]:.1f} at start, {args.load[1]:.1f} at end).",
@@ -252,7 +234,7 @@ def report(results: dict, args, wall: float) -> str:
             f"{m} ref {[mib(x) for x in results[m]['ref']['peak_bytes_all']]}, "
             f"policy {[mib(x) for x in results[m]['policy']['peak_bytes_all']]}" for m in labels),
         "",
-        "Venvs: " + ", ".join(f"{m}: `{results[m]['python']}`" for m in labels),
+        "Interpreters: " + "; ".join(f"{m}: {results[m]['python']}" for m in labels) + ".",
         "",
     ]
     return "\n".join(lines)
@@ -275,23 +257,39 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2, help="measured calls per child process (after a warm-up)")
     p.add_argument("--rounds", type=int, default=3,
                    help="rounds of (unpatched, patched, native) children, interleaved so CPU contention is shared")
-    p.add_argument("--venv-old", default="/work/venvs/trl0.15.2-tf4.48.3")
-    p.add_argument("--venv-native", default="/work/venvs/scratch-ltk-trl0.15.2-tf4.50.3")
+    p.add_argument("--python", default=sys.executable,
+                   help="interpreter for unpatched and patched (default: this one)")
+    p.add_argument("--python-native", help="interpreter for native (default: --python with --native-transformers)")
+    p.add_argument("--native-transformers", default="4.50.3",
+                   help="transformers release laid over --python for native")
+    p.add_argument("--overlay-dir", help="where to install it (default: a temporary directory)")
     p.add_argument("--out", default=os.path.join(HERE, "logits_to_keep.md"))
     args = p.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.repeats)))
         return
-    start, load_before = time.time(), os.getloadavg()[0]
-    pythons = {"unpatched": os.path.join(args.venv_old, "bin", "python"),
-               "patched": os.path.join(args.venv_old, "bin", "python"),
-               "native": os.path.join(args.venv_native, "bin", "python")}
-    runs = {mode: [] for mode in pythons}
-    for round_ in range(args.rounds):
-        for mode, python in pythons.items():
-            print(f"round {round_ + 1}/{args.rounds}: {mode} ({python})", file=sys.stderr, flush=True)
-            runs[mode].append(run_child(python, mode, args.repeats))
-    results = {mode: dict(merge(r), python=pythons[mode]) for mode, r in runs.items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        overlay = ""
+        if not args.python_native:
+            overlay = os.path.join(args.overlay_dir or tmp, f"transformers-{args.native_transformers}")
+            if not os.path.isdir(os.path.join(overlay, "transformers")):
+                subprocess.run([args.python, "-m", "pip", "install", "-q", "--no-deps", "--target", overlay,
+                                f"transformers=={args.native_transformers}"], check=True)
+        start, load_before = time.time(), os.getloadavg()[0]
+        pythons = {"unpatched": (args.python, ""), "patched": (args.python, ""),
+                   "native": (args.python_native or args.python, overlay)}
+        runs = {mode: [] for mode in pythons}
+        for round_ in range(args.rounds):
+            for mode, (python, pythonpath) in pythons.items():
+                print(f"round {round_ + 1}/{args.rounds}: {mode}", file=sys.stderr, flush=True)
+                runs[mode].append(run_child(python, mode, args.repeats, pythonpath))
+    if runs["native"][0]["versions"]["transformers"] == runs["patched"][0]["versions"]["transformers"]:
+        raise SystemExit("native runs the same transformers as patched: not a reference")
+    how = {"unpatched": "the running interpreter", "patched": "the same",
+           "native": ("`--python-native`" if args.python_native else
+                      f"the same, transformers {args.native_transformers} laid over it (`pip install --no-deps "
+                      "--target`, first on `PYTHONPATH`)")}
+    results = {mode: dict(merge(r), python=how[mode]) for mode, r in runs.items()}
     args.load = (load_before, os.getloadavg()[0])
     text = report(results, args, time.time() - start)
     with open(args.out, "w") as f:

@@ -14,7 +14,7 @@ whatever else is installed there), so they differ only by trl-compat's files. Th
 
 Writes benchmarks/startup.md::
 
-    python benchmarks/startup.py [--rounds 60] [--out benchmarks/startup.md]
+    tox -e bench-startup    or    python benchmarks/startup.py [--rounds 60] [--out benchmarks/startup.md]
 """
 
 import argparse
@@ -27,8 +27,9 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
 import venv
+
+import _measure
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Cumulative import times shown for the switch-on start-up (nested ones are included in their parent's).
@@ -55,23 +56,6 @@ def make_venv(path, deps_dir, wheel=None):
     with open(os.path.join(purelib_of(python), "deps.pth"), "w") as fh:
         fh.write(deps_dir + "\n")
     return python
-
-
-def time_once(cmd, env):
-    """(wall time, CPU time) of one run. The CPU time (user + system, from wait4) is what a
-    loaded machine distorts least: waiting for a core is not counted."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    assert proc.returncode == 0, (cmd, proc.returncode)
-    return wall, usage.ru_utime + usage.ru_stime
-
-
-def quartiles(times):
-    q = statistics.quantiles(times, n=4)
-    return q[0], q[2]
 
 
 def main():
@@ -104,11 +88,11 @@ def main():
         cpu = {name: [] for name in names}
         for name in names:  # warm-up: page cache, .pyc files
             for _ in range(3):
-                time_once([variants[name][0], "-c", "pass"], variants[name][1])
+                _measure.run_timed([variants[name][0], "-c", "pass"], variants[name][1])
         for i in range(args.rounds):
             for name in names[i % len(names):] + names[:i % len(names)]:
                 python, env, _ = variants[name]
-                wall, used = time_once([python, "-c", "pass"], env)
+                wall, used = _measure.run_timed([python, "-c", "pass"], env)
                 times[name].append(wall)
                 cpu[name].append(used)
 
@@ -126,7 +110,7 @@ def main():
     med_cpu = {name: statistics.median(t) for name, t in cpu.items()}
     rows = []
     for name in names:
-        lo, hi = quartiles(cpu[name])
+        lo, hi = _measure.quartiles(cpu[name])
         rows.append(f"| {name} | {med_cpu[name] * 1000:.1f} | {lo * 1000:.1f} – {hi * 1000:.1f} | "
                     f"{med_cpu[name] / med_cpu['without']:.3f} | {(med_cpu[name] - med_cpu['without']) * 1000:+.1f} | "
                     f"{med[name] * 1000:.1f} | {med[name] / med['without']:.3f} |")
@@ -134,9 +118,12 @@ def main():
     parts_table = "\n".join(f"| `{name}` | {statistics.median(parts[name]):.1f} |" for name in IMPORTS if name in parts)
     base, off, on = med_cpu["without"], med_cpu["installed, switch off"], med_cpu["switch on (TRL_COMPAT_AUTO=1)"]
     launch = med_cpu["launcher (bootstrap on PYTHONPATH)"]
+    header = ("| variant | CPU median (ms) | CPU quartiles (ms) | CPU ratio to without | CPU difference (ms) "
+              "| wall median (ms) | wall ratio |")
+    today = datetime.date.today().isoformat()
     report = f"""# Interpreter start-up with trl-compat installed
 
-`python benchmarks/startup.py --rounds {args.rounds}`, one run, {datetime.date.today().isoformat()}.
+`tox -e bench-startup` (`python benchmarks/startup.py --rounds {args.rounds}`), one run, {today}.
 
 Setup: two fresh venvs made from the running Python {platform.python_version()}, one with the
 wheel built from this tree installed (`trl_compat.pth`, `trl_compat.start`, `_trl_compat_auto.py` at the
@@ -148,7 +135,7 @@ machine, so the spread is wide).
 CPU time (user + system, from `wait4`) of each `python -c pass` process, and its wall time, which on
 a loaded machine mostly measures the wait for a core:
 
-| variant | CPU median (ms) | CPU quartiles (ms) | CPU ratio to without | CPU difference (ms) | wall median (ms) | wall ratio |
+{header}
 |---|---|---|---|---|---|---|
 {table}
 

@@ -1,5 +1,8 @@
-"""Benchmark: pushing a LoRA policy's weights into vLLM, three ways.
+"""Benchmark: pushing a LoRA policy's weights into vLLM, three ways, against a plain sync.
 
+* ``plain (no LoRA)``: the same base model without an adapter, synced as TRL syncs a model
+  without PEFT: ``load_weights(model.state_dict().items())``. The limit a LoRA sync is
+  measured against (target: trl_compat within 1.3x of its time).
 * ``trl_compat``: :func:`trl_compat.vllm_sync.push_to_vllm`, merged tensors computed out
   of place, one layer at a time, streamed into ``load_weights``.
 * ``deepcopy+merge``: ``copy.deepcopy(model).merge_and_unload().state_dict()`` (the
@@ -13,13 +16,14 @@ heads, vocab 32000, untied; LoRA r=16, alpha=32 on all attention and MLP project
 non-zero adapter weights. The receiver behaves like vLLM's ``load_weights``: it consumes the
 iterable item by item and copies each tensor into its own preallocated parameters.
 
-Each (approach, dtype) runs in a fresh process. Time: median of ``--repeats`` syncs after a
-warm-up. Peak extra memory: the process's peak RSS during a sync minus its RSS just before
-(``/proc/self/clear_refs`` resets the peak; glibc is told to mmap every allocation >= 64 KiB,
-so freed tensors leave RSS at once). Drift: how far the base weights of the training model
-are from their initial bits after 1 and 10 syncs.
+Per dtype, plain and trl_compat run in one fresh process, their syncs interleaved (the ratio
+is measured under the same load); deepcopy+merge and upstream each in a fresh process of
+their own. Time: median of ``--repeats`` syncs after a warm-up. Peak extra memory
+(benchmarks/_measure.py): the process's peak RSS during a sync minus its RSS just before.
+Drift: how far the base weights of the training model are from their initial bits after 1
+and 10 syncs.
 
-Run:  python benchmarks/vllm_sync.py            (writes benchmarks/vllm_sync.md)
+Run:  tox -e bench-vllm_sync    or    python benchmarks/vllm_sync.py --out benchmarks/vllm_sync.md
 Needs torch, transformers, peft and trl_compat importable; not trl, not vLLM.
 """
 
@@ -27,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import json
 import os
 import platform
@@ -37,13 +40,16 @@ import sys
 import time
 import warnings
 
+import _measure
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-APPROACHES = ("trl_compat", "deepcopy+merge", "upstream 0.15.1")
+APPROACHES = ("plain (no LoRA)", "trl_compat", "deepcopy+merge", "upstream 0.15.1")
+TARGET = 1.3  # a LoRA sync (trl_compat) within 1.3x the time of a plain sync of the same model
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def build(dtype_name):
+def build(dtype_name, lora=True):
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -54,6 +60,8 @@ def build(dtype_name):
                          max_position_embeddings=512)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).to(dtype)
+    if not lora:  # the same base weights (same seed), no adapter
+        return model
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS,
@@ -86,6 +94,11 @@ class Receiver:
         return loaded
 
 
+def sync_plain(model, receiver):
+    # TRL 0.14/0.15 GRPOTrainer, no PEFT: the state_dict as it is.
+    receiver.load_weights(model.state_dict().items())
+
+
 def sync_trl_compat(model, receiver):
     from trl_compat.vllm_sync import push_to_vllm
 
@@ -112,55 +125,62 @@ def sync_upstream(unwrapped_model, receiver):
     unwrapped_model.unmerge_adapter()
 
 
-SYNCS = {"trl_compat": sync_trl_compat, "deepcopy+merge": sync_deepcopy, "upstream 0.15.1": sync_upstream}
+SYNCS = {"plain (no LoRA)": sync_plain, "trl_compat": sync_trl_compat, "deepcopy+merge": sync_deepcopy,
+         "upstream 0.15.1": sync_upstream}
 
 
-def _status(field):
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(field)
+# Approaches measured in one process, interleaved sync by sync: the plain sync is the limit a LoRA
+# sync is measured against, so that ratio must not depend on when each ran. The other two run in
+# their own processes: upstream's merge/unmerge changes the training weights it shares.
+GROUPS = (("plain (no LoRA)", "trl_compat"), ("deepcopy+merge",), ("upstream 0.15.1",))
 
 
-def _reset_peak():
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")
-
-
-def worker(approach, dtype_name, repeats):
+def worker(approaches, dtype_name, repeats):
     import torch
 
-    model = build(dtype_name)
-    base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    rows = {}
+    lora = plain = None
+    if any(a != "plain (no LoRA)" for a in approaches):
+        lora = build(dtype_name)
+        base = {n: p.detach().clone() for n, p in lora.named_parameters() if "lora_" not in n}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            expected = copy.deepcopy(lora).merge_and_unload().state_dict()
+    if "plain (no LoRA)" in approaches:
+        plain = build(dtype_name, lora=False)
+        plain_expected = plain.state_dict()
+    receiver = Receiver(expected if lora is not None else plain_expected)
+    model_bytes = sum(t.numel() * t.element_size() for t in receiver.params.values())
+    largest = max(t.numel() * t.element_size() for n, t in receiver.params.items()
+                  if n.endswith(tuple(f"{target}.weight" for target in TARGETS)))
+
+    def model_of(approach):
+        return plain if approach == "plain (no LoRA)" else lora
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        expected = copy.deepcopy(model).merge_and_unload().state_dict()
-    receiver = Receiver(expected)
-    model_bytes = sum(t.numel() * t.element_size() for t in expected.values())
-    largest = max(m.base_layer.weight.numel() * m.base_layer.weight.element_size()
-                  for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer"))
-    sync = SYNCS[approach]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        sync(model, receiver)  # warm-up; also the "1 sync" drift point
-        drift1 = _drift(model, base)
-        exact = all(torch.equal(receiver.params[n], expected[n]) for n in expected)
-        times, peaks = [], []
-        for _ in range(repeats):
-            gc.collect()
-            before = _status("VmRSS")
-            _reset_peak()
-            t0 = time.perf_counter()
-            sync(model, receiver)
-            times.append(time.perf_counter() - t0)
-            peaks.append(_status("VmHWM") - before)
-        for _ in range(10 - 1 - repeats):
-            sync(model, receiver)
-        drift10 = _drift(model, base)
-    return dict(approach=approach, dtype=dtype_name, time_s=statistics.median(times), times=times,
-                peak_extra_bytes=max(peaks), model_bytes=model_bytes, largest_merged_bytes=largest,
-                received_exactly_merged=exact, drift1=drift1, drift10=drift10)
+        for approach in approaches:  # warm-up; also the "1 sync" drift point
+            SYNCS[approach](model_of(approach), receiver)
+            want = plain_expected if approach == "plain (no LoRA)" else expected
+            rows[approach] = dict(approach=approach, dtype=dtype_name, times=[], peaks=[],
+                                  received_exactly_merged=all(torch.equal(receiver.params[n], want[n]) for n in want),
+                                  drift1=None if approach == "plain (no LoRA)" else _drift(lora, base))
+        for i in range(repeats):
+            shift = i % len(approaches)
+            for approach in approaches[shift:] + approaches[:shift]:
+                _, peak, seconds = _measure.peak_extra(
+                    lambda a=approach: SYNCS[a](model_of(a), receiver))
+                rows[approach]["times"].append(seconds)
+                rows[approach]["peaks"].append(peak)
+        for approach in approaches:
+            if approach != "plain (no LoRA)":
+                for _ in range(10 - 1 - repeats):
+                    SYNCS[approach](lora, receiver)
+    for approach, row in rows.items():
+        row.update(time_s=statistics.median(row["times"]), peak_extra_bytes=max(row.pop("peaks")),
+                   model_bytes=model_bytes, largest_merged_bytes=largest,
+                   drift10=None if approach == "plain (no LoRA)" else _drift(lora, base))
+    return [rows[a] for a in approaches]
 
 
 def _drift(model, base):
@@ -176,10 +196,10 @@ def _drift(model, base):
     return dict(changed=changed, total=total, max_abs=worst)
 
 
-def _run(approach, dtype_name, repeats):
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), TRL_COMPAT_DISABLE="*")
-    out = subprocess.run([sys.executable, __file__, "--worker", approach, dtype_name, str(repeats)],
+def _run(approaches, dtype_name, repeats):
+    env = dict(os.environ, **_measure.MALLOC_ENV, TRL_COMPAT_DISABLE="*",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, __file__, "--worker", ",".join(approaches), dtype_name, str(repeats)],
                          env=env, capture_output=True, text=True, check=False)
     if out.returncode:
         raise RuntimeError(out.stderr[-4000:])
@@ -187,56 +207,83 @@ def _run(approach, dtype_name, repeats):
 
 
 def _mb(n):
-    return f"{n / 2**20:,.0f} MB"
+    return f"{_measure.mib(n)} MB"
+
+
+def _drift_cells(r):
+    if r["drift1"] is None:
+        return "n/a (no adapter) | n/a"
+    d1, d10 = r["drift1"], r["drift10"]
+    return f"{d1['changed']:,} of {d1['total']:,} | {d10['changed']:,} ({d10['max_abs']:.1e})"
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5, help="timed syncs per approach, after one warm-up")
     parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--out", default=os.path.join(HERE, "vllm_sync.md"))
+    parser.add_argument("--out", default=os.path.join(HERE, "vllm_sync.md"), help="the Markdown report to write")
     args = parser.parse_args()
     import peft
     import torch
     import transformers
 
-    load_before = os.getloadavg()[0]
-    rows = [_run(a, d, args.repeats) for d in args.dtypes.split(",") for a in APPROACHES]
+    start, load_before = time.time(), os.getloadavg()[0]
+    rows = []
+    for dtype_name in args.dtypes.split(","):
+        for group in GROUPS:
+            print(f"{dtype_name}: {', '.join(group)}", file=sys.stderr, flush=True)
+            rows += _run(group, dtype_name, args.repeats)
     load_after = os.getloadavg()[0]
     lines = [
         "# vLLM weight sync with a LoRA policy: time and peak memory",
         "",
-        f"Generated by `python benchmarks/vllm_sync.py` on {platform.processor() or platform.machine()}, "
+        f"Generated by `tox -e bench-vllm_sync` (`python benchmarks/vllm_sync.py --repeats {args.repeats}`) on "
+        f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} CPU cores, Python {platform.python_version()}, torch {torch.__version__}, "
-        f"transformers {transformers.__version__}, peft {peft.__version__}. CPU only; one process per row. "
-        f"Load average {load_before:.1f} before / {load_after:.1f} after (a shared machine: times are "
+        f"transformers {transformers.__version__}, peft {peft.__version__}; whole run {time.time() - start:.0f} s. "
+        f"CPU only. Load average {load_before:.1f} before / {load_after:.1f} after (a shared machine: times are "
         "indicative; memory and drift do not depend on load).",
         "",
         "Model: Qwen2 built in code (hidden 1024, MLP 2816, 8 layers, vocab 32000, untied), LoRA r=16 on "
-        "q/k/v/o/gate/up/down with non-zero adapters. Receiver: copies each streamed tensor into "
-        "preallocated storage, like vLLM's `load_weights`. *Peak extra* = peak RSS during one sync minus "
+        "q/k/v/o/gate/up/down with non-zero adapters; *plain (no LoRA)* is the same base model without an "
+        "adapter, synced as TRL syncs a model without PEFT (`load_weights(model.state_dict().items())`): "
+        "the least a sync can cost. Receiver: copies each streamed tensor into "
+        "preallocated storage, like vLLM's `load_weights`. *Time*: median of "
+        f"{args.repeats} syncs after a warm-up; plain and trl_compat run in one process, their syncs "
+        "interleaved (so their ratio is measured under the same load); deepcopy+merge and upstream 0.15.1 "
+        "each in a process of their own. *Peak extra* = peak RSS during one sync minus "
         "RSS before it. *Drift*: base weights of the training model compared bit for bit with their "
         "initial values after 1 and 10 syncs.",
         "",
-        "| dtype | approach | time / sync | vs trl_compat | peak extra memory | vs model size | "
-        "vLLM got exactly the merged weights | base weights changed after 1 sync | after 10 syncs (max abs) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| dtype | approach | time / sync | vs plain sync | vs trl_compat | peak extra memory | vs model size | "
+        "vLLM got exactly the (merged) weights | base weights changed after 1 sync | after 10 syncs (max abs) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    verdicts = []
     for dtype_name in args.dtypes.split(","):
-        ours = next(r for r in rows if r["dtype"] == dtype_name and r["approach"] == "trl_compat")
-        for r in (r for r in rows if r["dtype"] == dtype_name):
-            d1, d10 = r["drift1"], r["drift10"]
+        mine = [r for r in rows if r["dtype"] == dtype_name]
+        ours = next(r for r in mine if r["approach"] == "trl_compat")
+        plain = next(r for r in mine if r["approach"] == "plain (no LoRA)")
+        for r in mine:
             lines.append(
-                f"| {dtype_name} | {r['approach']} | {r['time_s']:.3f} s | {r['time_s'] / ours['time_s']:.2f}x | "
+                f"| {dtype_name} | {r['approach']} | {r['time_s']:.3f} s | {r['time_s'] / plain['time_s']:.2f}x | "
+                f"{r['time_s'] / ours['time_s']:.2f}x | "
                 f"{_mb(r['peak_extra_bytes'])} | {r['peak_extra_bytes'] / r['model_bytes']:.2f}x | "
-                f"{'yes' if r['received_exactly_merged'] else 'no'} | "
-                f"{d1['changed']:,} of {d1['total']:,} | {d10['changed']:,} ({d10['max_abs']:.1e}) |"
+                f"{'yes' if r['received_exactly_merged'] else 'no'} | {_drift_cells(r)} |"
             )
+        pairs = [a / b for a, b in zip(ours["times"], plain["times"])]
+        ratio = ours["time_s"] / plain["time_s"]
+        verdicts.append(f"- {dtype_name}: {ratio:.2f}x (median of the per-round ratios "
+                        f"{statistics.median(pairs):.2f}x): {'met' if ratio <= TARGET else 'NOT met'}")
     lines.append("")
     first = rows[0]
     lines += [
-        f"Model size: {_mb(first['model_bytes'])} in float32; the largest LoRA-wrapped weight "
-        f"(one merged tensor) is {_mb(first['largest_merged_bytes'])} in float32.",
+        f"LoRA sync (trl_compat) vs the plain sync of the same model, target <= {TARGET}x, ratio of the medians:",
+        "",
+        *verdicts,
+        "",
+        f"Model size: {_mb(first['model_bytes'])} in {first['dtype']}; the largest LoRA-wrapped weight "
+        f"(one merged tensor) is {_mb(first['largest_merged_bytes'])} in {first['dtype']}.",
         "",
         "Reading it: trl_compat's peak is about two merged tensors in float32 (the one being computed "
         "and the one the receiver still holds while it asks for the next). In bfloat16, PEFT keeps "
@@ -248,18 +295,17 @@ def main():
         "Raw results (seconds per repeat):",
         "",
         "```json",
-        json.dumps([{k: v for k, v in r.items() if k != "drift1" and k != "drift10"} | {"drift1": r["drift1"],
-                    "drift10": r["drift10"]} for r in rows], indent=1),
+        json.dumps(rows, indent=1),
         "```",
         "",
     ]
     with open(args.out, "w") as fh:
         fh.write("\n".join(lines))
-    print("\n".join(lines[:20 + 2 * len(rows)]))
+    print("\n".join(lines[:lines.index("Raw results (seconds per repeat):")]))
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
-        print(json.dumps(worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
+        print(json.dumps(worker(tuple(sys.argv[2].split(",")), sys.argv[3], int(sys.argv[4]))))
     else:
         main()

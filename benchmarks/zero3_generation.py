@@ -10,7 +10,7 @@ One run, 2 processes on the CPU, the same engine and prompts for both variants,
 alternating A/B rounds; the result is the ratio of medians. Needs trl 0.15.x with
 deepspeed (and zero3-unwrap applied). Writes benchmarks/zero3_generation.md::
 
-    python benchmarks/zero3_generation.py [--out benchmarks/zero3_generation.md]
+    tox -e bench-zero3_generation    or    python benchmarks/zero3_generation.py [--out benchmarks/zero3_generation.md]
 """
 
 import argparse
@@ -32,8 +32,15 @@ MODEL = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_a
 BATCH, NEW_TOKENS, ROUNDS = 4, 32, 5
 
 
+def _test_helpers_on_path():
+    """The tests' helpers (tiny, zero3_worker): tests/support/, where they are moving, or tests/."""
+    for folder in (os.path.join(ROOT, "tests"), os.path.join(ROOT, "tests", "support")):
+        if os.path.isdir(folder):
+            sys.path.insert(0, folder)
+
+
 def worker(model_dir):
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    _test_helpers_on_path()
     import zero3_worker  # the test worker's DeepSpeed-on-CPU set-up, shared
 
     zero3_worker.skip_shm_build()
@@ -54,7 +61,8 @@ def worker(model_dir):
 
     rank = int(os.environ["RANK"])
     if trl_compat.status("zero3-unwrap") != trl_compat.APPLIED or not trl.__version__.startswith("0.15."):
-        raise SystemExit(f"needs trl 0.15.x with zero3-unwrap applied; got trl {trl.__version__}: {trl_compat.report()}")
+        raise SystemExit(f"needs trl 0.15.x with zero3-unwrap applied; got trl {trl.__version__}: "
+                         f"{trl_compat.report()}")
     ds_config = {
         "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
         "train_micro_batch_size_per_gpu": 1,
@@ -105,7 +113,8 @@ def worker(model_dir):
     tensors = len(list(model.parameters()))
     if rank == 0:
         print("BENCH|" + json.dumps(dict(
-            times=times, counts=counts, params=params, tensors=tensors, trl=trl.__version__, deepspeed=deepspeed.__version__,
+            times=times, counts=counts, params=params, tensors=tensors, trl=trl.__version__,
+            deepspeed=deepspeed.__version__,
             torch=torch.__version__, threads=torch.get_num_threads(),
         )), flush=True)
     torch.distributed.barrier()
@@ -120,7 +129,7 @@ def main():
     if args.worker:
         return worker(args.worker)
 
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    _test_helpers_on_path()
     import tiny
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -136,16 +145,20 @@ def main():
     result = json.loads(lines[-1][len("BENCH|"):])
     upstream, ours = (statistics.median(result["times"][k]) for k in ("upstream", "ours"))
     up, us = result["counts"]["upstream"], result["counts"]["ours"]
+    header = ("| variant | ZeRO-3 hooks during generation | median time per call (s) "
+              "| DeepSpeed submodule fetches per call | all-gathers per call |")
+    rounds = {name: ", ".join(f"{t:.3f}" for t in result["times"][name]) for name in ("upstream", "ours")}
     report = f"""# ZeRO-3 generation: hooks removed (zero3-unwrap) vs left in place (TRL 0.15 early return)
 
-`python benchmarks/zero3_generation.py`, one run, {datetime.date.today().isoformat()}.
+`tox -e bench-zero3_generation` (`python benchmarks/zero3_generation.py`), one run, {datetime.date.today().isoformat()}.
 
 Setup: DeepSpeed ZeRO-3 on the CPU, 2 processes (gloo, 1 thread each), every parameter partitioned
 (`stage3_param_persistence_threshold: 0`); tiny Qwen2 with {result["params"]:,} parameters
 (hidden {MODEL["hidden_size"]}, {MODEL["num_hidden_layers"]} layers); greedy generation of {NEW_TOKENS} tokens for
 {BATCH} prompts on each rank, inside `unwrap_model_for_generation` with gathering on (the default).
 trl {result["trl"]}, deepspeed {result["deepspeed"]}, torch {result["torch"]}, Python {platform.python_version()},
-{os.cpu_count()} CPU cores (load average {os.getloadavg()[0]:.1f} at the end: shared machine). {ROUNDS} timed rounds per variant after one warm-up, A/B order alternating;
+{os.cpu_count()} CPU cores (load average {os.getloadavg()[0]:.1f} at the end: shared machine).
+{ROUNDS} timed rounds per variant after one warm-up, A/B order alternating;
 median of the rounds. Both variants generate identical tokens.
 
 - **upstream**: TRL's own `unwrap_model_for_generation(trainer.model, accelerator)`, as GRPOTrainer
@@ -153,13 +166,13 @@ median of the rounds. Both variants generate identical tokens.
 - **ours**: the same call through trl_compat's zero3-unwrap, which unwraps the engine: hooks removed while
   generating, put back afterwards (what TRL 0.16 does).
 
-| variant | ZeRO-3 hooks during generation | median time per call (s) | DeepSpeed submodule fetches per call | all-gathers per call |
+{header}
 |---|---|---|---|---|
 | upstream (hooks left in place) | {up["hooks_inside"]} | {upstream:.3f} | {up["fetches"]} | {up["allgathers"]} |
 | ours (hooks removed) | {us["hooks_inside"]} | {ours:.3f} | {us["fetches"]} | {us["allgathers"]} |
 
-**Ratio upstream / ours: {upstream / ours:.2f}x** (rounds, s: upstream {', '.join(f'{t:.3f}' for t in result["times"]["upstream"])};
-ours {', '.join(f'{t:.3f}' for t in result["times"]["ours"])}).
+**Ratio upstream / ours: {upstream / ours:.2f}x** (rounds, s: upstream {rounds["upstream"]};
+ours {rounds["ours"]}).
 
 Both variants gather the {result["tensors"]} parameter tensors once when entering the context (one
 all-gather each). With the hooks left in place, every forward pass of the {NEW_TOKENS}-token generation

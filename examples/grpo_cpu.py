@@ -10,15 +10,15 @@ import os
 import sys
 import tempfile
 
-import trl_compat  # noqa: F401  (first or after trl: both work)
+import trl_compat  # first or after trl: both work
 
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
 logging.getLogger("trl_compat").setLevel(logging.INFO)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-import tiny  # noqa: E402
-
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+import tiny  # noqa: E402
 
 
 def main():

@@ -65,7 +65,8 @@ KNOWN = {
     "vllm-double-bos": lambda v, vs: _v(vs, "vllm") is not None and V("0.14.0") <= v < V("0.24.0"),
     # issue 13: FSDP1-only sync (PR #3687); in-process sync vs vLLM's V1 default (0.8) until V0's removal (0.11)
     "fsdp2-vllm-sync": lambda v, vs: V("0.18.0") <= v < V("0.20.0"),
-    "vllm-v1-engine": lambda v, vs: V("0.14.0") <= v < V("0.16.0") and V("0.8.0") <= (_v(vs, "vllm") or V("0")) < V("0.11.0"),
+    "vllm-v1-engine": lambda v, vs: (V("0.14.0") <= v < V("0.16.0")
+                                     and V("0.8.0") <= (_v(vs, "vllm") or V("0")) < V("0.11.0")),
     # research/further-bugs.md S4, S5, C1, C3, C4, C5, C8 (issue 14)
     "logps-attention-mask": lambda v, vs: v == V("0.14.0"),
     "logps-temperature": lambda v, vs: V("0.14.0") <= v < V("0.16.0"),
@@ -79,10 +80,13 @@ KNOWN = {
 # Main-branch commits (reporting X.dev0) around the windows' bounds, with what research found in
 # their code: patch id -> whether it must apply (on the tf4.53 base: peft, deepspeed 0.16.4, no vLLM).
 COMMITS = [
-    ("ab30a01ba", "0.15.0.dev0 before PR #2694 (grpo-eval-0.14 fix)", {"grpo-eval-0.14": True, "vllm-lora-names": True}),
+    ("ab30a01ba", "0.15.0.dev0 before PR #2694 (grpo-eval-0.14 fix)",
+     {"grpo-eval-0.14": True, "vllm-lora-names": True}),
     ("fecaa991d", "PR #2694: prediction_step added", {"grpo-eval-0.14": False, "vllm-lora-names": True}),
-    ("7347c292c", "0.15.0.dev0 before PR #2725 (PEFT names fix)", {"vllm-lora-names": True, "vllm-merged-weights": False}),
-    ("81221661c", "PR #2725: PEFT names stripped, unmerge before load", {"vllm-lora-names": False, "vllm-merged-weights": True}),
+    ("7347c292c", "0.15.0.dev0 before PR #2725 (PEFT names fix)",
+     {"vllm-lora-names": True, "vllm-merged-weights": False}),
+    ("81221661c", "PR #2725: PEFT names stripped, unmerge before load",
+     {"vllm-lora-names": False, "vllm-merged-weights": True}),
     ("ffcb9f4ae", "0.16.0.dev0 version bump", {"vllm-prefix-cache": True, "vllm-merged-weights": True}),
     ("ba036576d", "0.16.0.dev0 before PR #2873 (merged-weights fix)", {"vllm-merged-weights": True}),
     ("822653824", "PR #2873: unmerge after load", {"vllm-merged-weights": False, "vllm-prefix-cache": True}),
@@ -167,13 +171,15 @@ def wheel_requirements(wheel):
     with zipfile.ZipFile(wheel) as zf:
         meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
         text = zf.read(meta).decode()
-    reqs = [Requirement(line.split(":", 1)[1].strip()) for line in text.splitlines() if line.startswith("Requires-Dist:")]
+    reqs = [Requirement(line.split(":", 1)[1].strip()) for line in text.splitlines()
+            if line.startswith("Requires-Dist:")]
     return [r for r in reqs if not r.marker or r.marker.evaluate({"extra": ""})]
 
 
 def base_transformers(work, name):
     python = base_python(work, name)
-    return V(run([str(python), "-c", "import importlib.metadata as m; print(m.version('transformers'))"]).stdout.strip())
+    code = "import importlib.metadata as m; print(m.version('transformers'))"
+    return V(run([str(python), "-c", code]).stdout.strip())
 
 
 def choose_base(work, version, reqs):
@@ -206,7 +212,7 @@ def check(python, version, base):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRL_COMPAT_")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     proc = subprocess.run([str(python), "-c", CHECK], text=True, capture_output=True, env=env, timeout=600)
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("SWEEP-JSON ")), None)
+    line = next((out for out in proc.stdout.splitlines() if out.startswith("SWEEP-JSON ")), None)
     if line is None:
         return {"version": version, "base": base, "crash": f"checker died (rc {proc.returncode}): {proc.stderr[-800:]}",
                 "imports": {}, "report": [], "versions": {}}
@@ -244,7 +250,8 @@ def judge(row):
     for pid, st in status.items():
         known = KNOWN.get(pid, lambda *_: False)
         # a dev build of X carries code of the line before X or of X itself: either may hold the bug
-        if pid not in expect and st == "applied" and not (known(v, versions) or (commit and known(V(v.base_version), versions))):
+        expected = known(v, versions) or (commit and known(V(v.base_version), versions))
+        if pid not in expect and st == "applied" and not expected:
             problems.append(f"WRONG {pid}")
     return problems
 
