@@ -297,6 +297,7 @@ def main():
         "rank-r matmul `B @ A` (a weight-sized output), `* scaling` and `+ W`, each a pass over the "
         "weight (in bfloat16, done in float32: twice the bytes of the copy it is compared with). "
         "Fusing them (`addmm`, `add(alpha=)`) would round once instead of twice: not PEFT's bits. "
+        "Before this change (trl_compat of 2026-11-23 morning: a fresh tensor per merged weight, and in bfloat16 a mixed-dtype `W + delta`), measured the same way, one thread, interleaved with the plain sync: 6.6x in float32, 20x in bfloat16; the run before that, with two threads per process: 5.4x and 6.7x. "
         "deepcopy+merge holds a whole second model. "
         "Upstream 0.15.1 needs no copy either, but merge + unmerge on the live weights is not "
         "bit-exact: the training model's base weights drift at the first sync.",

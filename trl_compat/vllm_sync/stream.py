@@ -87,6 +87,8 @@ def iter_vllm_weights(model: Any) -> Iterator[Tuple[str, Any]]:
     torch.compile / DDP / a DeepSpeed engine. A tensor may share storage with the
     model (never modify it) and, under ZeRO-3, is valid only until the next item is
     requested: consume each before asking for the next, as vLLM's ``load_weights`` does.
+    Merged weights live in buffers the stream reuses once nothing else refers to them (the
+    tensor or any view of it): a consumer that keeps items gets tensors of its own.
     Under ZeRO-3 every rank must run through the whole iterator (the gathers are collective).
     Raises :class:`UnsupportedModel` (before yielding anything) for structures it does not know.
     """
