@@ -2,7 +2,7 @@
 
 Builds the wheel from this tree, makes two fresh venvs from the running interpreter, and
 installs the wheel into one of them. Both get the same extra ``.pth`` path line naming the
-running interpreter's site-packages (trl_compat's dependencies, wrapt and packaging, and
+running interpreter's site-packages (trl_compat's dependency, packaging, and
 whatever else is installed there), so they differ only by trl-compat's files. Then times
 ``python -c pass`` in rounds, variants in rotating order:
 
@@ -33,8 +33,7 @@ import _measure
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Cumulative import times shown for the switch-on start-up (nested ones are included in their parent's).
-IMPORTS = ("trl_compat", "trl_compat._engine", "importlib.metadata", "wrapt", "packaging.specifiers",
-           "trl_compat.patches")
+IMPORTS = ("trl_compat", "trl_compat._engine", "trl_compat.patches", "logging", "dataclasses", "inspect")
 ROOT = os.path.dirname(HERE)
 
 
@@ -142,8 +141,8 @@ a loaded machine mostly measures the wait for a core:
 - **Switch off**: {off / base:.3f}x the CPU time of a start-up without trl-compat ({(off - base) * 1000:+.1f} ms;
   compare the quartiles): the `.pth` line costs one environment lookup (and `site` reads one more
   small file).
-- **Switch on**: {(on - base) * 1000:+.1f} ms of CPU per interpreter for importing trl_compat (wrapt, packaging,
-  `importlib.metadata` version reads of every patch's distributions, the post-import hooks); no torch,
+- **Switch on**: {(on - base) * 1000:+.1f} ms of CPU per interpreter for importing trl_compat (its modules and
+  the patches', the version gate reading every patch's distributions' metadata, the post-import hooks); no torch,
   trl or deepspeed is imported at start-up.
 - **Launcher**: {(launch - base) * 1000:+.1f} ms of CPU per interpreter: the same import, plus looking up a
   `sitecustomize` to chain to. `trl-compat run` itself adds one more interpreter start before the `exec`.

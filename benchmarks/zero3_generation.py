@@ -34,7 +34,7 @@ BATCH, NEW_TOKENS, ROUNDS = 4, 32, 5
 
 def _test_helpers_on_path():
     """The tests' helpers (tiny, zero3_worker): tests/support/, where they are moving, or tests/."""
-    for folder in (os.path.join(ROOT, "tests"), os.path.join(ROOT, "tests", "support")):
+    for folder in (os.path.join(ROOT, "tests", "support"), os.path.join(ROOT, "tests", "support")):
         if os.path.isdir(folder):
             sys.path.insert(0, folder)
 
@@ -181,7 +181,7 @@ re-gathers parameters ({up["allgathers"] - us["allgathers"]} extra all-gathers i
 
 The time includes entering and leaving the context (gathering all parameters once, removing and
 re-registering the hooks), as in GRPO. The all-gathers of both variants wait for completion at
-launch (the test worker's workaround for a DeepSpeed/gloo race, see tests/zero3_worker.py). This is
+launch (the test worker's workaround for a DeepSpeed/gloo race, see tests/support/zero3_worker.py). This is
 a small model on 2 CPU cores: the absolute numbers say little about GPUs, where the per-token cost
 of the hooks (a fetch and release for each submodule, re-gathers) competes with much faster
 kernels.

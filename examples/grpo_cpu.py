@@ -2,7 +2,7 @@
 
 In your own script the only change is the first import. A real run would load a
 model from the Hub; nothing can be downloaded here, so the model and tokenizer
-are built in code by the test fixtures (``tests/tiny.py``).
+are built in code by the test fixtures (``tests/support/tiny.py``).
 """
 
 import logging
@@ -15,7 +15,7 @@ import trl_compat  # first or after trl: both work
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
 logging.getLogger("trl_compat").setLevel(logging.INFO)
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support"))
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 import tiny  # noqa: E402

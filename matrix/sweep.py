@@ -15,10 +15,12 @@ independent of the patches' own windows on purpose).
 
 With ``--trl-git PATH`` (a clone of TRL's git history, bare or not) it also builds the
 main-branch commits the patch docstrings name (``COMMITS``: each dev build around a window's
-bound, on both sides of the fix) into the matching base venv and checks the statuses of the
-patches each commit is about against that table, kept independent of the probes; the other
-patches are judged by ``KNOWN`` on the build's dev version. Without it those rows are skipped,
-and SWEEP.md says so.
+bound, on both sides of the fix, or of the commit that brought the bug) into the matching base
+venv and checks the statuses of the patches each entry lists against that table, kept
+independent of the probes (it says which fix commits each build contains); the other patches
+are judged by ``KNOWN`` on the build's dev version. An opt-in patch whose probe finds the bug
+reports "disabled" (the sweep sets no switch), which counts as applying. Without ``--trl-git``
+those rows are skipped, and SWEEP.md says so.
 
 Usage: python matrix/sweep.py [--work DIR] [--versions 0.14.0,0.15.0] [--trl-git PATH] [--output matrix/SWEEP.md]
 """
@@ -75,26 +77,93 @@ KNOWN = {
     "dataloader-workers": lambda v, vs: V("0.14.0") <= v < V("0.18.2"),
     "reward-model-zero3": lambda v, vs: _v(vs, "deepspeed") is not None and V("0.14.0") <= v < V("0.17.0"),
     "resume-buffered-inputs": lambda v, vs: V("0.16.0") <= v < V("0.17.0"),
+    # transformers 5: the tuple-valued _*_available flags until PR #5129 (0.29.0); use_cache=None until
+    # TRL 0.20's model loading rewrite (PR #3072); model.warnings_issued[...] until PR #4960 (0.28.0)
+    "transformers5-import": lambda v, vs: V("0.14.0") <= v < V("0.29.0") and _v(vs, "transformers") >= V("5.0.0"),
+    "transformers5-use-cache": lambda v, vs: V("0.14.0") <= v < V("0.20.0") and _v(vs, "transformers") >= V("5.0.0"),
+    "transformers5-warnings-issued":
+        lambda v, vs: V("0.14.0") <= v < V("0.28.0") and _v(vs, "transformers") >= V("5.0.0"),
 }
 
-# Main-branch commits (reporting X.dev0) around the windows' bounds, with what research found in
-# their code: patch id -> whether it must apply (on the tf4.53 base: peft, deepspeed 0.16.4, no vLLM).
+# Main-branch commits (reporting X.dev0) around the windows' bounds, with what research found in their
+# code (which fix commits each one contains, read with `git merge-base --is-ancestor`): patch id -> whether
+# its bug is there, so it must apply. All of these builds (<= 0.20.0.dev0) use the tf4.53 base: peft 0.16.0,
+# deepspeed 0.16.4, transformers 4.53.3 and no vLLM, so peft-gradient-checkpointing and reward-model-zero3
+# are judged, while the vllm-gated patches (vllm-prompt-truncation, vllm-prompt-special-tokens,
+# vllm-double-bos, vllm-v1-engine) are "not needed" by their gate and listed nowhere. Each entry lists the
+# patches whose window holds its dev version, so a probe that misses the bug shows too; logps-temperature
+# is opt-in and off in the sweep: "disabled" counts as applying (see judge()). The main-branch commit of a
+# PR is used, not its cherry-pick on a release branch (#3568: 1a6717661 on v0.18-release; #3651:
+# 7dbf4777b on v0.19-release) nor the PR branch's own copy (#3290: 72dfae89b, the commit pad_token.py names,
+# is on no branch of TRL's history; main's is 1faa7f9b3).
+_EARLY_015 = {"logps-attention-mask": True, "logps-temperature": True, "peft-gradient-checkpointing": True,
+              "pad-token": True, "reward-model-zero3": True, "dataloader-workers": True}
+_LATE_015 = {**_EARLY_015, "logps-attention-mask": False}
+_016 = {"logps-temperature": True, "peft-gradient-checkpointing": True, "pad-token": True, "reward-model-zero3": True,
+        "resume-buffered-inputs": False, "dataloader-workers": True}
+_016_GC = {**_016, "peft-gradient-checkpointing": False}  # after PR #2848
+_016_BUF = {**_016_GC, "resume-buffered-inputs": True}  # after PR #2899
+_016_TEMP = {**_016_BUF, "logps-temperature": False}  # after PR #3029
+_017 = {"pad-token": True, "reward-model-zero3": True, "resume-buffered-inputs": True, "dataloader-workers": True}
 COMMITS = [
     ("ab30a01ba", "0.15.0.dev0 before PR #2694 (grpo-eval-0.14 fix)",
-     {"grpo-eval-0.14": True, "vllm-lora-names": True}),
-    ("fecaa991d", "PR #2694: prediction_step added", {"grpo-eval-0.14": False, "vllm-lora-names": True}),
+     {**_EARLY_015, "grpo-eval-0.14": True, "vllm-lora-names": True}),
+    ("fecaa991d", "PR #2694: prediction_step added",
+     {**_EARLY_015, "grpo-eval-0.14": False, "vllm-lora-names": True}),
+    ("6e088d165", "0.15.0.dev0 before PR #2708 (attention-mask fix): model(input_ids, logits_to_keep=...), no mask",
+     {**_EARLY_015, "logps-attention-mask": True, "vllm-lora-names": True}),
+    ("bbdd6db17", "PR #2708: the log-prob forwards get attention_mask",
+     {**_LATE_015, "logps-attention-mask": False, "vllm-lora-names": True}),
     ("7347c292c", "0.15.0.dev0 before PR #2725 (PEFT names fix)",
-     {"vllm-lora-names": True, "vllm-merged-weights": False}),
+     {**_LATE_015, "vllm-lora-names": True, "vllm-merged-weights": False}),
     ("81221661c", "PR #2725: PEFT names stripped, unmerge before load",
-     {"vllm-lora-names": False, "vllm-merged-weights": True}),
-    ("ffcb9f4ae", "0.16.0.dev0 version bump", {"vllm-prefix-cache": True, "vllm-merged-weights": True}),
-    ("ba036576d", "0.16.0.dev0 before PR #2873 (merged-weights fix)", {"vllm-merged-weights": True}),
-    ("822653824", "PR #2873: unmerge after load", {"vllm-merged-weights": False, "vllm-prefix-cache": True}),
-    ("ad6a35bdd", "PR #2871: unwraps model_wrapped", {"zero3-unwrap": False}),
-    ("a34987956", "0.16.0.dev0 before PR #3094 (prefix-cache reset)", {"vllm-prefix-cache": True}),
-    ("f713f614e", "PR #3094: vLLM server, cache reset after each sync", {"vllm-prefix-cache": False}),
-    ("32df09358", "0.20.0.dev0 with 0.19's code, before PR #3563", {"logits-to-keep": True}),
-    ("7e8ef867a", "PR #3563: _get_per_token_logps_and_entropies", {"logits-to-keep": False}),
+     {**_LATE_015, "vllm-lora-names": False, "vllm-merged-weights": True}),
+    ("ffcb9f4ae", "0.16.0.dev0 version bump (no num_iterations buffer yet: resume-buffered-inputs' window, no bug)",
+     {**_016, "vllm-prefix-cache": True, "vllm-merged-weights": True}),
+    ("ba036576d", "0.16.0.dev0 before PR #2873 (merged-weights fix)", {**_016, "vllm-merged-weights": True}),
+    ("822653824", "PR #2873: unmerge after load", {**_016, "vllm-merged-weights": False, "vllm-prefix-cache": True}),
+    ("15fec312d", "0.16.0.dev0 before PR #2848 (gradient checkpointing): no enable_input_require_grads",
+     {**_016, "peft-gradient-checkpointing": True}),
+    ("9b3c5bf64", "PR #2848: _enable_gradient_checkpointing", {**_016_GC, "peft-gradient-checkpointing": False}),
+    ("a92e00e81", "0.16.0.dev0 before PR #2899 (num_iterations, which brought the resume bug): no buffer",
+     {**_016_GC, "resume-buffered-inputs": False}),
+    ("e5ae703d3", "PR #2899: _buffered_inputs reused without a None check", {**_016_BUF, "resume-buffered-inputs": True}),
+    ("ad6a35bdd", "PR #2871: unwraps model_wrapped", {**_016_BUF, "zero3-unwrap": False}),
+    ("e3244d2d0", "0.16.0.dev0 before PR #3029 (temperature fix): log-probs at temperature 1",
+     {**_016_BUF, "logps-temperature": True}),
+    ("04f659737", "PR #3029: logits divided by the temperature", {**_016_TEMP, "logps-temperature": False}),
+    ("a34987956", "0.16.0.dev0 before PR #3094 (prefix-cache reset)", {**_016_TEMP, "vllm-prefix-cache": True}),
+    ("f713f614e", "PR #3094: vLLM server, cache reset after each sync", {**_016_TEMP, "vllm-prefix-cache": False}),
+    ("2594cb39d", "0.17.0.dev0 before PR #3148 (resume fix)", {**_017, "resume-buffered-inputs": True}),
+    ("488025cd8", "PR #3148: generates when the buffered slot is None", {**_017, "resume-buffered-inputs": False}),
+    ("66e6eab9b", "0.17.0.dev0 before PR #3290 (pad-token fix)",
+     {**_017, "pad-token": True, "resume-buffered-inputs": False}),
+    ("1faa7f9b3", "PR #3290 (main's commit): pad_token = eos_token",
+     {**_017, "pad-token": False, "resume-buffered-inputs": False}),
+    ("f3e8c2304", "0.17.0.dev0 before PR #3326 (reward model under ZeRO-3)",
+     {**_017, "reward-model-zero3": True, "resume-buffered-inputs": False, "pad-token": False}),
+    ("89556c8cb", "PR #3326: reward models prepared with prepare_deepspeed",
+     {"reward-model-zero3": False, "resume-buffered-inputs": False, "pad-token": False, "dataloader-workers": True}),
+    ("280d35301", "0.18.0.dev0 before PR #3394 (colocate mode, which brought the FSDP1-only sync)",
+     {"fsdp2-vllm-sync": False, "dataloader-workers": True}),
+    ("18596cf23", "PR #3394: _sync_fsdp_params_to_vllm, FSDP1 modules only",
+     {"fsdp2-vllm-sync": True, "dataloader-workers": True}),
+    ("3d077fd3d", "0.19.0.dev0 before PR #3568 (dataloader workers): bare seed_worker, local collator",
+     {"dataloader-workers": True, "fsdp2-vllm-sync": True}),
+    ("15ff54790", "PR #3568 (main's commit): partial(seed_worker, ...), module-level identity",
+     {"dataloader-workers": False, "fsdp2-vllm-sync": True}),
+    # PR #3601's pair: its patch (vllm-prompt-truncation) needs vLLM, absent here; checks the others in window.
+    ("8bad863ff", "0.19.0.dev0 before PR #3601 (vLLM prompt truncation; not judged: no vLLM in the base)",
+     {"dataloader-workers": False, "fsdp2-vllm-sync": True, "logits-to-keep": True}),
+    ("b0958c6f8", "PR #3601: truncated ids re-decoded for vLLM (vllm-gated patches not judged: no vLLM)",
+     {"dataloader-workers": False, "fsdp2-vllm-sync": True, "logits-to-keep": True}),
+    ("32df09358", "0.20.0.dev0 with 0.19's code, before PR #3563", {"logits-to-keep": True, "fsdp2-vllm-sync": True}),
+    ("7e8ef867a", "PR #3563: _get_per_token_logps_and_entropies (also the parent of PR #3651's main commit)",
+     {"logits-to-keep": False, "fsdp2-vllm-sync": True}),
+    ("79ec242ae", "PR #3651 on main (0.19.1's 7dbf4777b): special tokens kept (vllm-gated: not judged, no vLLM)",
+     {"fsdp2-vllm-sync": True, "logits-to-keep": False}),
+    ("303d3b1d6", "0.20.0.dev0 before PR #3687 (FSDP2 sync)", {"fsdp2-vllm-sync": True}),
+    ("5522cc0a3", "PR #3687: _sync_fsdp2_params_to_vllm", {"fsdp2-vllm-sync": False}),
 ]
 
 CHECK = r"""
@@ -235,6 +304,17 @@ def sweep_commit(work, git, commit):
     return check(python, f"{dev}@{commit}", choose_base(work, dev, []))
 
 
+def finds_bug(rec):
+    """Whether a report record says its probe found the bug: "applied", or "disabled" for an opt-in patch.
+
+    check() runs without any TRL_COMPAT_ variable, so an opt-in patch (logps-temperature) whose probe
+    finds the bug reports "disabled" with a reason starting "opt-in, off"; were its switch set, it would
+    report "applied". "disabled" for any other reason (TRL_COMPAT_DISABLE) says nothing about the code."""
+    if rec["status"] == "applied":
+        return True
+    return rec["status"] == "disabled" and rec.get("reason", "").startswith("opt-in, off")
+
+
 def judge(row):
     version, _, commit = row["version"].partition("@")
     v = V(version)
@@ -244,8 +324,9 @@ def judge(row):
     if row["crash"]:
         problems.append("CRASH")
     status = {rec["id"]: rec["status"] for rec in row["report"]}
+    found = {rec["id"] for rec in row["report"] if finds_bug(rec)}
     for pid, applies in expect.items():
-        if (status.get(pid) == "applied") != applies:
+        if (pid in found) != applies:
             problems.append(f"WRONG {pid}")
     for pid, st in status.items():
         known = KNOWN.get(pid, lambda *_: False)
@@ -273,8 +354,8 @@ def write(rows, output, seconds, commits_note):
         "",
         f"**{crashes} crashes, {wrong} wrong applications.** A wrong application is a patch applied to a release",
         "outside the window where research found its bug (for a main-branch build `X.devN@commit`: the windows of",
-        "X.devN and of X), or a patch the commit is about (`COMMITS` in the script) whose status differs from what",
-        "research found in that code.",
+        "X.devN and of X), or a patch the commit's entry lists (`COMMITS` in the script) whose status differs from what",
+        "research found in that code (for an opt-in patch, off in the sweep, \"disabled\" is how it finds the bug).",
         "Short statuses: A applied, - not needed, P pending",
         "(its module did not import), U undecided, ? unknown version, M target missing, F failed, D disabled.",
         "",

@@ -7,15 +7,17 @@ GRPO + vLLM run additionally skips where TRL has no colocated vLLM path (TRL >= 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import math
+import os
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
-import grpo_run  # noqa: E402
-import tiny  # noqa: E402
+import grpo_run
+import tiny
 
 STANDIN = grpo_run.standin_vllm_installed()
 requires_peft = pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="peft is not installed")
@@ -106,8 +108,9 @@ def test_standin_identity():
 
     import vllm
 
-    # ./tests/vllm_standin is vLLM 0.7.2 (TRL 0.14/0.15 cells), ./tests/vllm_standin/v0.9.1 the same code as 0.9.1
-    assert importlib.metadata.version("vllm") in {"0.7.2", "0.9.1"}
+    # ./tests/vllm_standin is vLLM 0.7.2 (TRL 0.14/0.15 cells); the same code as 0.8.5 from
+    # ./tests/vllm_standin/v0.8.5 (trl0.15.2-tf4.52.4) and as 0.9.1 from ./tests/vllm_standin/v0.9.1
+    assert importlib.metadata.version("vllm") in {"0.7.2", "0.8.5", "0.9.1"}
     assert vllm.__version__ == importlib.metadata.version("vllm")
     assert vllm.__stand_in__ is True
     from trl.import_utils import is_vllm_available
@@ -203,6 +206,45 @@ def test_standin_rejects_wrong_shapes():
     with pytest.raises(ValueError) as err:
         packed.load_weights([("lm_head.weight.x", torch.zeros(1))])
     assert str(err.value) == "Attempted to load nested weight 'lm_head.weight.x' into a single parameter 'lm_head.weight'"
+
+
+@requires_standin
+def test_standin_engine_choice(tmp_path, monkeypatch):
+    """vLLM >= 0.8's V0/V1 choice (on a GPU), from the installed version's point of view."""
+    import vllm
+    from packaging.version import Version
+    from vllm import LLM
+    from vllm.engine.llm_engine import LLMEngine as V0
+
+    path = tiny.save_tiny(tmp_path / "m", "qwen2")
+    for name in ("VLLM_USE_V1", "VLLM_ENABLE_V1_MULTIPROCESSING"):
+        monkeypatch.delenv(name, raising=False)
+
+    def built(**kwargs):
+        return type(LLM(model=path, **kwargs).llm_engine)
+
+    if Version(vllm.__version__) < Version("0.8.0"):  # V0 only, and os.environ left alone
+        assert built() is V0 and built(dtype="float32") is V0 and "VLLM_USE_V1" not in os.environ
+        return
+    from vllm.v1.engine.llm_engine import LLMEngine as V1
+
+    llm = LLM(model=path)  # float16 (dtype "auto"): V1, its engine core in another process
+    assert type(llm.llm_engine) is V1 and os.environ["VLLM_USE_V1"] == "1"  # vLLM records its choice
+    with pytest.raises(AttributeError, match=r"^'LLMEngine' object has no attribute 'model_executor'$"):
+        llm.llm_engine.model_executor
+    assert llm.generate("a b c", vllm.SamplingParams(max_tokens=2))[0].outputs[0].token_ids  # still generates
+    del os.environ["VLLM_USE_V1"]
+    assert built(dtype="float32") is V0 and os.environ["VLLM_USE_V1"] == "0"  # V1 runs float16/bfloat16 only
+    monkeypatch.setenv("VLLM_USE_V1", "0")
+    assert built() is V0
+    monkeypatch.setenv("VLLM_USE_V1", "1")
+    with pytest.raises(NotImplementedError, match=r"VLLM_USE_V1=1 is not supported with --dtype torch.float32"):
+        built(dtype="float32")
+    monkeypatch.delenv("VLLM_USE_V1")
+    llm = LLM(model=path, distributed_executor_backend="external_launcher")  # TRL 0.18/0.19's colocate mode
+    assert type(llm.llm_engine) is V1 and os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert llm.llm_engine.model_executor.driver_worker.model_runner.model is llm.model  # in-process core
+    assert "self.model_executor =" in inspect.getsource(V0)  # the V0 class, where the probe looks
 
 
 @requires_standin

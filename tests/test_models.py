@@ -4,9 +4,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import tiny  # noqa: E402
+from trl_compat._models import peel
 
-from trl_compat._models import peel  # noqa: E402
+import tiny
 
 
 def stand_in(name, inner):

@@ -20,10 +20,11 @@ import importlib
 import importlib.util
 import uuid
 
-import pytest
-
 import trl_compat
 from trl_compat import vllm_prompts
+from trl_compat._engine import logs as engine_logs
+
+import pytest
 
 TRUNCATION, SPECIAL, DOUBLE_BOS = vllm_prompts.TRUNCATION, vllm_prompts.SPECIAL_TOKENS, vllm_prompts.DOUBLE_BOS
 HAVE_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
@@ -116,7 +117,7 @@ def _train(tmp_path, tokenizer, dataset, **overrides):
     trainer = grpo_run.make_trainer(tmp_path, model=path, use_vllm=True, steps=2, train_dataset=dataset,
                                     processing_class=tokenizer, max_prompt_length=MAX_PROMPT,
                                     max_completion_length=8, **overrides)
-    seen_by_loss = _spy_training_prompt_ids(trainer)
+    seen_by_loss = grpo_run.spy_training_prompt_ids(trainer)
     trainer.train()
     assert grpo_run.finite_losses(trainer.state.log_history)
     received = {tuple(ids) for call in trainer.llm.received_prompt_ids for ids in call}
@@ -126,26 +127,6 @@ def _train(tmp_path, tokenizer, dataset, **overrides):
     if seen_by_loss is not None:  # TRL >= 0.15 returns them: check the test's reading of TRL
         assert seen_by_loss == expected
     return received, expected
-
-
-def _spy_training_prompt_ids(trainer):
-    """Record the (unpadded) prompt ids TRL >= 0.15 computes the loss on; None on 0.14 (inline)."""
-    name = "_generate_and_score_completions" if hasattr(trainer, "_generate_and_score_completions") else \
-        "_prepare_inputs"
-    if grpo_run.trl_version()[:2] < (0, 15):
-        return None
-    seen: set = set()
-    method = getattr(trainer, name)
-
-    def spy(*args, **kwargs):
-        out = method(*args, **kwargs)
-        if isinstance(out, dict) and "prompt_ids" in out:
-            for row, mask in zip(out["prompt_ids"], out["prompt_mask"]):
-                seen.add(tuple(row[mask.bool()].tolist()))
-        return out
-
-    setattr(trainer, name, spy)
-    return seen
 
 
 def test_truncation_bug_without_the_patch(tmp_path, unpatched):
@@ -288,7 +269,7 @@ def test_server_text_tokenises_to_the_training_ids(fixes, words, caplog):
         return tok(client.prompts[-1]).input_ids  # the server adds special tokens
 
     assert call(()) != training
-    vllm_prompts._WARNED.clear()
+    engine_logs._warned.clear()  # warn_once: once per process
     if len(training) < MAX_PROMPT:
         assert call(fixes) == training and "no text gives back" not in caplog.text
     else:

@@ -18,7 +18,7 @@ import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAME = "trl-compat"
-REQUIRES = {"packaging>=20", "wrapt>=1.14"}
+REQUIRES = {"packaging>=20"}
 EXTRAS = {"test"}  # no vllm/deepspeed/peft extras: they would pull the newest releases
 CONSOLE_SCRIPT = "trl-compat = trl_compat.__main__:main"
 SITE_FILES = ("trl_compat.pth", "trl_compat.start", "_trl_compat_auto.py")

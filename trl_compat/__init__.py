@@ -45,10 +45,10 @@ try:
     install()
 except TrlCompatError:
     raise
-except Exception:  # noqa: BLE001 - a bug of ours must not stop the user's training
+except Exception:
     if strict():
         raise
     import logging
 
-    logging.getLogger("trl_compat").exception("trl_compat: installing patches failed; nothing was patched")
+    logging.getLogger(__name__).exception("trl_compat: installing patches failed; nothing was patched")
     revert()

@@ -21,8 +21,9 @@ from __future__ import annotations
 import contextlib
 import sys
 import types
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Tuple
 
+from trl_compat._engine import Verdict, not_needed, undecided
 from trl_compat._source import Code, code, defining_class, unwrap
 
 NESTED = "get_per_token_logps"
@@ -58,6 +59,18 @@ def find(cls: type) -> Optional[LogpsCaller]:
         return None
     return LogpsCaller(NESTED, "compute_loss", f"the function {NESTED} nested in GRPOTrainer.compute_loss",
                        code(nested), nested)
+
+
+def unfixed(cls: type, marker: str, fixed: str) -> Tuple[Optional[LogpsCaller], Optional[Verdict]]:
+    """The start of a probe of TRL's log-prob function: ``(caller, verdict)``, where a verdict ends
+    the probe: "undecided" when ``cls`` has neither form, "not needed" when the function's code
+    mentions ``marker`` (``fixed`` says what that means: "<where> {fixed}")."""
+    caller = find(cls)
+    if caller is None:
+        return None, undecided(f"GRPOTrainer has neither {METHOD} nor a {NESTED} nested in compute_loss")
+    if marker in caller.code:
+        return caller, not_needed(f"{caller.where} {fixed}")
+    return caller, None
 
 
 def called_from(raw: types.CodeType) -> bool:

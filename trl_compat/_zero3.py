@@ -74,7 +74,7 @@ def offload_class() -> Any:
         # trl.models.utils imports deepspeed at its top whenever it is installed, and
         # deepspeed's engine imports this module: normally this is a dictionary lookup.
         module = importlib.import_module(OFFLOAD_MODULE)
-    return getattr(module, "DeepSpeedZeRoOffload")
+    return module.DeepSpeedZeRoOffload
 
 
 @functools.lru_cache(maxsize=None)

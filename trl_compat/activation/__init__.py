@@ -42,7 +42,7 @@ def activate(how: str) -> None:
     global _how
     if _how is None:
         _how = how
-        logging.getLogger("trl_compat").debug("trl_compat: activated at start-up by the %s", how)
+        logging.getLogger(__name__).debug("trl_compat: activated at start-up by the %s", how)
 
 
 def this_process() -> str:

@@ -1,4 +1,4 @@
-"""The patches, one module each. A new patch is one module here plus its tests."""
+"""The patches, one module (or a small package of parts) each. A new patch is one module here plus its tests."""
 
 from trl_compat.patches import (
     dataloader_workers,
@@ -13,10 +13,11 @@ from trl_compat.patches import (
     resume_buffered_inputs,
     reward_model_zero3,
     train_sampler_signature,
-    transformers5_grpo,
     transformers5_import,
-    vllm_lora_names,
+    transformers5_use_cache,
+    transformers5_warnings_issued,
     vllm_double_bos,
+    vllm_lora_names,
     vllm_merged_weights,
     vllm_prefix_cache,
     vllm_prompt_special_tokens,
@@ -28,7 +29,8 @@ from trl_compat.patches import (
 
 PATCHES = [
     transformers5_import.PATCH,
-    transformers5_grpo.PATCH,
+    transformers5_use_cache.PATCH,
+    transformers5_warnings_issued.PATCH,
     peft_optional.PATCH,
     zero3_unwrap.PATCH,
     zero3_hooks_api.PATCH,

@@ -142,7 +142,7 @@ def apply(module, patcher):
         raise RuntimeError("neither part of the bug found")
 
 
-# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.17.0", "0.18.1", "0.18.2", "0.19.0.dev0"], "outside": ["0.19.0"]}}
 
 

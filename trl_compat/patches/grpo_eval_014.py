@@ -53,7 +53,7 @@ from collections import defaultdict
 from trl_compat._engine import Patch, affected, needed, not_needed, undecided
 from trl_compat._source import code, defining_class, syntax
 
-logger = logging.getLogger("trl_compat")
+logger = logging.getLogger(__name__)
 
 PATCH_ID = "grpo-eval-0.14"
 EVAL_STORE = "_trl_compat_eval_metrics"  # on the trainer instance
@@ -137,7 +137,7 @@ def _wrap_log(original):
         store = self.__dict__.get(EVAL_STORE)
         try:
             metrics = {f"eval_{k}": sum(v) / len(v) for k, v in (store or {}).items() if v}
-        except Exception:  # noqa: BLE001 - odd values: log what Trainer gave, as TRL would
+        except Exception:  # odd values: log what Trainer gave, as TRL would
             logger.debug("trl_compat: %s: could not average the evaluation metrics", PATCH_ID, exc_info=True)
             metrics = {}
         if store is not None:
@@ -161,7 +161,7 @@ def apply(module, patcher) -> None:
     patcher.wrap(cls, "log", _wrap_log)
 
 
-# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0.dev0"], "outside": ["0.15.0", "0.16.0"]}}
 
 

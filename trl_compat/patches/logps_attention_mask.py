@@ -37,19 +37,17 @@ import inspect
 import numbers
 
 from trl_compat import _logps_calls
-from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._engine import Patch, affected, needed, undecided
 
 PATCH_ID = "logps-attention-mask"
 _KEEP = ("num_logits_to_keep", "logits_to_keep")
 
 
 def probe(module):
-    caller = _logps_calls.find(module.GRPOTrainer)
-    if caller is None:
-        return undecided("GRPOTrainer has neither _get_per_token_logps nor a get_per_token_logps nested in "
-                         "compute_loss")
-    if "attention_mask" in caller.code:
-        return not_needed(f"{caller.where} passes the attention mask to the model")
+    caller, verdict = _logps_calls.unfixed(module.GRPOTrainer, "attention_mask",
+                                           "passes the attention mask to the model")
+    if verdict is not None:
+        return verdict
     calls = [name for name in _KEEP if f"model(input_ids, {name}=" in caller.code]
     if caller.kind != _logps_calls.NESTED or not calls:
         return undecided(f"{caller.where} passes no attention mask, but calls the model in a way this patch "
@@ -116,7 +114,7 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.GRPOTrainer, "compute_loss", factory)
 
 
-# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0.dev0"], "outside": ["0.15.0"]}}
 
 

@@ -34,19 +34,17 @@ import functools
 import inspect
 
 from trl_compat import _logps_calls
-from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._engine import Patch, affected, needed
 
 PATCH_ID = "logps-temperature"
 SWITCH = "TRL_COMPAT_LOGPS_TEMPERATURE"
 
 
 def probe(module):
-    caller = _logps_calls.find(module.GRPOTrainer)
-    if caller is None:
-        return undecided("GRPOTrainer has neither _get_per_token_logps nor a get_per_token_logps nested in "
-                         "compute_loss")
-    if "temperature" in caller.code:
-        return not_needed(f"{caller.where} divides the logits by the sampling temperature")
+    caller, verdict = _logps_calls.unfixed(module.GRPOTrainer, "temperature",
+                                           "divides the logits by the sampling temperature")
+    if verdict is not None:
+        return verdict
     return needed(f"{caller.where} computes log-probs at temperature 1 while completions are sampled at "
                   "GRPOConfig.temperature (default 0.9); the patch divides the logits of TRL's log-prob "
                   "forwards by it, as TRL 0.16 does (this changes the training objective)")
@@ -98,7 +96,7 @@ def apply(module, patcher) -> None:
     patcher.wrap(module.GRPOTrainer, caller.name, lambda original: _wrapper(original, caller.raw, models_of))
 
 
-# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}}
 
 

@@ -1,7 +1,7 @@
 """pad-token: GRPO with a tokenizer that has no pad token dies at the first step.
 
 Remove this patch when trl_compat no longer supports TRL 0.14.0 - 0.16.x (nor 0.17.0.dev0 builds
-from before PR #3290, main commit 72dfae89b, 2025-04-22).
+from before PR #3290, main commit 1faa7f9b3, 2025-04-22).
 
 The bug (issue #3287, fixed by PR #3290): GRPOTrainer left-pads the prompts of a batch with
 ``processing_class(prompts_text, padding=True, ...)``. A tokenizer without a pad token (GPT-2,
@@ -12,7 +12,7 @@ in ``__init__`` when it is unset, for a tokenizer the user passes as well as one
 (``if processing_class.pad_token is None`` sits after, not inside, ``if processing_class is None``;
 0.20 moved it to ``tokenizer.pad_token``), so 0.17.0 is the first fixed release for both.
 
-Affected: TRL 0.14.0 - 0.16.1 and the main-branch builds before 72dfae89b.
+Affected: TRL 0.14.0 - 0.16.1 and the main-branch builds before 1faa7f9b3.
 
 Probe: ``GRPOTrainer.__init__`` (comments dropped) never sets
 ``processing_class.pad_token = processing_class.eos_token`` (nor ``tokenizer.pad_token = ...``).
@@ -26,15 +26,14 @@ itself is fixed after ``__init__``, together with the ``pad_token_id`` of TRL's
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 import re
 
 from trl_compat._engine import Patch, affected, needed, not_needed
 from trl_compat._source import code
+from trl_compat._trainer_init import around_init
 
-log = logging.getLogger("trl_compat")
+log = logging.getLogger(__name__)
 
 PATCH_ID = "pad-token"
 # `processing_class.pad_token = processing_class.eos_token` (0.17 - 0.19), `tokenizer.pad_token = ...` (0.20+);
@@ -67,31 +66,19 @@ def set_pad_token(processing_class) -> bool:
     return True
 
 
-def _factory(original):
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        try:
-            passed = signature.bind_partial(self, *args, **kwargs).arguments.get("processing_class")
-        except TypeError:
-            passed = None
-        set_pad_token(passed)
-        original(self, *args, **kwargs)
-        if passed is None and set_pad_token(getattr(self, "processing_class", None)):
-            # TRL loaded the tokenizer itself and built its GenerationConfig from the missing pad id.
-            generation_config = getattr(self, "generation_config", None)
-            if generation_config is not None and getattr(generation_config, "pad_token_id", 0) is None:
-                generation_config.pad_token_id = _tokenizer(self.processing_class).pad_token_id
-
-    return __init__
+def _before(trainer, arguments) -> None:
+    set_pad_token(arguments.get("processing_class"))
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module.GRPOTrainer, "__init__", _factory)
+def _after(trainer, arguments) -> None:
+    if arguments.get("processing_class") is None and set_pad_token(getattr(trainer, "processing_class", None)):
+        # TRL loaded the tokenizer itself and built its GenerationConfig from the missing pad id.
+        generation_config = getattr(trainer, "generation_config", None)
+        if generation_config is not None and getattr(generation_config, "pad_token_id", 0) is None:
+            generation_config.pad_token_id = _tokenizer(trainer.processing_class).pad_token_id
 
 
-# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.16.1", "0.17.0.dev0"], "outside": ["0.17.0"]}}
 
 
@@ -103,6 +90,6 @@ PATCH = Patch(
     target="GRPOTrainer",
     requires={"trl": affected("0.14.0", "0.17.0")},
     probe=probe,
-    apply=apply,
+    apply=around_init(before=_before, after=_after),
     remove_when="TRL 0.16.x is no longer supported",
 )

@@ -26,13 +26,13 @@ makes the embedding output require grad, so the checkpointed layers carry a grap
 
 from __future__ import annotations
 
-import functools
 import logging
 
 from trl_compat._engine import Patch, affected, needed, not_needed
 from trl_compat._source import code, defining_class
+from trl_compat._trainer_init import around_init
 
-log = logging.getLogger("trl_compat")
+log = logging.getLogger(__name__)
 
 PATCH_ID = "peft-gradient-checkpointing"
 
@@ -57,24 +57,15 @@ def _uses_reentrant(args) -> bool:
     return "use_reentrant" not in kwargs or bool(kwargs["use_reentrant"])
 
 
-def _factory(original):
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        model, config = getattr(self, "model", None), getattr(self, "args", None)
-        if (getattr(config, "gradient_checkpointing", False) and _uses_reentrant(config)
-                and _is_peft_model(model) and callable(getattr(model, "enable_input_require_grads", None))):
-            model.enable_input_require_grads()
-            log.debug("trl_compat: %s: enable_input_require_grads() on the PEFT model", PATCH_ID)
-
-    return __init__
+def _after(trainer, arguments) -> None:
+    model, config = getattr(trainer, "model", None), getattr(trainer, "args", None)
+    if (getattr(config, "gradient_checkpointing", False) and _uses_reentrant(config)
+            and _is_peft_model(model) and callable(getattr(model, "enable_input_require_grads", None))):
+        model.enable_input_require_grads()
+        log.debug("trl_compat: %s: enable_input_require_grads() on the PEFT model", PATCH_ID)
 
 
-def apply(module, patcher) -> None:
-    patcher.wrap(module.GRPOTrainer, "__init__", _factory)
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}}
 
 
@@ -86,6 +77,6 @@ PATCH = Patch(
     target="GRPOTrainer",
     requires={"trl": affected("0.14.0", "0.16.0"), "peft": ">=0.0.dev0"},
     probe=probe,
-    apply=apply,
+    apply=around_init(after=_after),
     remove_when="TRL 0.15.x is no longer supported",
 )

@@ -32,9 +32,10 @@ The fix
     (e.g. the diffusers-only ``DDPOTrainer``): those fail with a ModuleNotFoundError when used,
     as they would without the package anyway.
 
-Why a separate patch from transformers5-grpo: the triggers differ. This one must fire on
-``trl.import_utils`` before ``trl.trainer.grpo_trainer`` can even be imported; the other
-wraps ``GRPOTrainer`` after that module has loaded.
+Why a separate patch from transformers5-use-cache and transformers5-warnings-issued: the
+triggers differ. This one must fire on ``trl.import_utils`` before ``trl.trainer.grpo_trainer``
+can even be imported; the others change what ``GRPOTrainer.__init__`` uses after that module has
+loaded. The three share their window (``_transformers5``).
 
 Remove this patch when trl_compat no longer supports TRL < 0.20 on transformers >= 5 (TRL 0.29.0+
 does not import transformers' helper).
@@ -42,7 +43,8 @@ does not import transformers' helper).
 
 from __future__ import annotations
 
-from trl_compat._engine import Patch, affected, needed, not_needed
+from trl_compat._engine import needed, not_needed
+from trl_compat.patches import _transformers5
 
 
 def tuple_flags(module) -> dict:
@@ -68,19 +70,17 @@ def apply(module, patcher):
         patcher.replace(module, name, bool(value[0]))
 
 
-# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 # 0.20 is where trl_compat's support ends, not a fix: 0.20.0.dev0 builds have the bug and get the fix.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0", "0.29.0"]},
-            "transformers": {"inside": ["5.0.0"], "outside": ["4.57.0"]}}
+            "transformers": _transformers5.TRANSFORMERS_VERSIONS}
 
-PATCH = Patch(
+PATCH = _transformers5.patch(
     id="transformers5-import",
     summary="TRL < 0.20 on transformers 5: optional-package flags are truthy tuples, so `from trl import GRPOTrainer` fails",
     upstream="https://github.com/huggingface/trl/pull/5129 (TRL 0.29.0 stops using transformers' _is_package_available)",
     module="trl.import_utils",
     target="_is_package_available",
-    requires={"trl": affected("0.14.0", "0.20.0"), "transformers": affected("5.0.0")},
     probe=probe,
     apply=apply,
-    remove_when="trl_compat drops TRL < 0.20 on transformers 5",
 )

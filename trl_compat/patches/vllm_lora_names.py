@@ -73,7 +73,7 @@ def apply(module, patcher):
     patcher.wrap(module.GRPOTrainer, name, factory)
 
 
-# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0.dev0"], "outside": ["0.15.0", "0.15.1"]}}
 
 PATCH = Patch(

@@ -39,7 +39,7 @@ import logging
 from trl_compat._engine import Patch, affected, needed, not_needed, undecided
 from trl_compat._source import code
 
-log = logging.getLogger("trl_compat")
+log = logging.getLogger(__name__)
 
 
 def probe(module):
@@ -84,7 +84,7 @@ def apply(module, patcher):
     patcher.wrap(module.GRPOTrainer, "_move_model_to_vllm", _wrap_move)
 
 
-# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.15.0", "0.15.1", "0.15.2", "0.16.0.dev0"], "outside": ["0.14.0", "0.16.0"]}}
 
 PATCH = Patch(

@@ -44,7 +44,7 @@ import sys
 from trl_compat._engine import Patch, affected, needed, not_needed, undecided
 from trl_compat._source import code
 
-log = logging.getLogger("trl_compat")
+log = logging.getLogger(__name__)
 
 VAR = "VLLM_USE_V1"
 
@@ -130,7 +130,7 @@ def apply(module, patcher):
     patcher.on_undo(undo)
 
 
-# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]},
             "vllm": {"inside": ["0.8.0", "0.8.5.post2", "0.10.2"], "outside": ["0.7.2"]}}
 

@@ -44,7 +44,7 @@ from typing import Any, Callable, Optional
 
 from trl_compat._engine import Patch, Verdict, undecided
 from trl_compat._source import code, defining_class
-from trl_compat.vllm_prompts.handoff import _WARNED, DOUBLE_BOS, SPECIAL_TOKENS, TRUNCATION, Handoff  # noqa: F401
+from trl_compat.vllm_prompts.handoff import DOUBLE_BOS, SPECIAL_TOKENS, TRUNCATION, Handoff  # noqa: F401
 
 _STATE = "_trl_compat_vllm_prompts"
 

@@ -8,7 +8,9 @@ import functools
 import logging
 from typing import Any, Dict, List, Optional, Sequence
 
-log = logging.getLogger("trl_compat")
+from trl_compat._engine import warn_once
+
+log = logging.getLogger(__name__)
 
 TRUNCATION = "vllm-prompt-truncation"
 SPECIAL_TOKENS = "vllm-prompt-special-tokens"
@@ -116,8 +118,8 @@ class Handoff:
         if SPECIAL_TOKENS in fixes and text in self.lossy:
             base = self.lossy[text]
             if base is None:
-                self._warn_once("ambiguous", "vllm-prompt-special-tokens: two prompts of this batch differ only in "
-                                "special tokens; their vLLM prompt is left as TRL wrote it")
+                warn_once(log, "ambiguous", "trl_compat: vllm-prompt-special-tokens: two prompts of this batch "
+                          "differ only in special tokens; their vLLM prompt is left as TRL wrote it")
         if base is None:
             base = self.encode(text, special=False)
         limit = getattr(self.trainer, "max_prompt_length", None)
@@ -159,17 +161,11 @@ class Handoff:
                 body = target[len(before):len(target) - len(after)]
                 text = self.tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         if self.encode(text, special=True) != target:
-            self._warn_once("server", "the vLLM server takes prompts as text, and no text gives back the training "
-                            "prompt's ids with this tokenizer (e.g. training ids without the BOS the tokenizer adds); "
-                            "the closest text is sent")
+            warn_once(log, "server", "trl_compat: the vLLM server takes prompts as text, and no text gives back "
+                      "the training prompt's ids with this tokenizer (e.g. training ids without the BOS the tokenizer "
+                      "adds); the closest text is sent")
         return text
 
-    @staticmethod
-    def _warn_once(key: str, message: str) -> None:
-        if key not in _WARNED:
-            _WARNED.add(key)
-            log.warning("trl_compat: %s", message)
 
 
 _ABSENT = object()
-_WARNED: set = set()  # once per process, not once per step

@@ -7,20 +7,12 @@ import functools
 import logging
 from typing import Any, Callable
 
+from trl_compat._engine import warn_once
 from trl_compat._models import peel
 from trl_compat.vllm_sync.stream import Plan, push, push_inplace
 from trl_compat.vllm_sync.structure import Peft, UnsupportedModel
 
-log = logging.getLogger("trl_compat")
-
-_warned: set = set()
-
-
-def _warn_once(key: str, msg: str, *args: Any) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        log.warning(msg, *args)
-
+log = logging.getLogger(__name__)
 
 def vllm_model_of(trainer: Any) -> Any:
     """The colocated vLLM model TRL 0.14/0.15 load weights into (main process only)."""
@@ -37,7 +29,7 @@ def sync_trainer(trainer: Any) -> bool:
         is_main = bool(trainer.accelerator.is_main_process)
         llm_model = vllm_model_of(trainer) if is_main else None
     except AttributeError as exc:
-        _warn_once("trainer", "trl_compat: vLLM sync: unexpected trainer (%s); using TRL's own weight sync", exc)
+        warn_once(log, "trainer", "trl_compat: vLLM sync: unexpected trainer (%s); using TRL's own weight sync", exc)
         return False
     try:
         plan = Plan(model)
@@ -45,7 +37,7 @@ def sync_trainer(trainer: Any) -> bool:
         peft = Peft()
         peft_model = peel(model, peft=False, fsdp=False)
         if peft.isinstance(peft_model, "PeftModel") and callable(getattr(peft_model, "merge_adapter", None)):
-            _warn_once(
+            warn_once(log,
                 "inplace:" + str(exc),
                 "trl_compat: vLLM sync: %s is not supported by the out-of-place merge; falling back to "
                 "TRL 0.15.1's in-place merge_adapter()/unmerge_adapter() (vLLM gets the merged weights, "
@@ -53,7 +45,7 @@ def sync_trainer(trainer: Any) -> bool:
             )
             push_inplace(peft_model, llm_model, is_main)
             return True
-        _warn_once("unsupported:" + str(exc), "trl_compat: vLLM sync: %s; using TRL's own weight sync", exc)
+        warn_once(log, "unsupported:" + str(exc), "trl_compat: vLLM sync: %s; using TRL's own weight sync", exc)
         return False
     push(plan, llm_model, is_main)
     return True

@@ -1,5 +1,6 @@
 """TEST-ONLY stand-in for vLLM 0.7.2 (distribution name ``vllm``, version ``0.7.2``; installed
-from ``tests/vllm_standin/v0.9.1`` the same code calls itself ``0.9.1``, see below).
+from ``tests/vllm_standin/v0.8.5`` or ``tests/vllm_standin/v0.9.1`` the same code calls itself
+``0.8.5`` / ``0.9.1`` and chooses its engine as vLLM >= 0.8 does, see below).
 
 This is NOT vLLM. It lives in trl_compat's ``tests/vllm_standin`` and is installed into test
 venvs only (``pip install ./tests/vllm_standin``) so that TRL's ``is_vllm_available()`` is True and
@@ -37,7 +38,16 @@ Reproduced faithfully (vLLM 0.7.2, tp=1, pp=1, no quantization):
   records per ``generate()`` how many prompt tokens vLLM would have served from the cache
   (``hit_tokens``) and how many of those were computed under older weights (``stale_tokens``).
 * ``vllm.worker.worker.Worker._assert_memory_footprint_increased_during_profiling`` exists (TRL
-  0.14/0.15 patch it) and is called while the ``LLM`` is built.
+  0.14/0.15 patch it) and is called while the V0 engine is built.
+* The engine ``LLM(...)`` builds (``vllm/engine/``, ``vllm/v1/engine/``, ``vllm/envs.py``): below
+  0.8 always the V0 ``vllm.engine.llm_engine.LLMEngine`` (``model_executor.driver_worker...``). From
+  0.8 vLLM's choice on a GPU: ``VLLM_USE_V1`` unset gives the V1 engine when the dtype is float16 /
+  bfloat16 (V0 otherwise) and vLLM writes its choice into ``os.environ``; ``VLLM_USE_V1=0`` gives V0;
+  ``VLLM_USE_V1=1`` with float32 raises vLLM's ``NotImplementedError``. The V1 ``LLMEngine`` has no
+  ``model_executor`` (engine core in another process: TRL 0.14/0.15's sync raises ``AttributeError:
+  'LLMEngine' object has no attribute 'model_executor'``) unless ``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+  which ``distributed_executor_backend="external_launcher"`` sets (TRL 0.18/0.19's colocate mode):
+  then it exposes the in-process core's executor as ``model_executor``, as vLLM 0.8/0.9 do.
 
 Test instrumentation (not in vLLM): ``model.received_names`` (a list of name lists, one per
 ``load_weights`` call after construction, recorded even when the call raises), ``model.loaded_names``,
@@ -49,19 +59,21 @@ each request as vLLM would have run them, recorded even when the call is rejecte
 
 Not reproduced: the engine itself (scheduler, paged KV cache, KV reuse from the prefix cache, CUDA graphs), GPU
 memory accounting, tensor/pipeline parallelism, quantization, LoRA requests, logprobs, stop strings,
-guided decoding, beam search, the vLLM server / NCCL weight sync used by TRL >= 0.16
+guided decoding, beam search, V1's other reasons to fall back to V0 (only the dtype is checked),
+0.7.x's opt-in V1 engine, the vLLM server / NCCL weight sync used by TRL >= 0.16
 (``vllm.distributed...`` and other modules newer TRL imports exist as import-only placeholders that
 raise ``NotImplementedError`` when used), any architecture other than Qwen2 / Llama, and the CPU
 platform's own dtype rules. Numerics match a Hugging Face forward, not vLLM's kernels.
 
 Versions: ``pip install ./tests/vllm_standin`` installs it as ``vllm 0.7.2`` (the vLLM TRL 0.14 /
-0.15 ran with); ``pip install ./tests/vllm_standin/v0.9.1`` installs the very same package (its
-``vllm`` directory is a symlink to this one) as ``vllm 0.9.1``, the release TRL 0.18 / 0.19 were
-used with, whose ``colocate`` mode builds ``LLM(..., distributed_executor_backend="external_launcher",
+0.15 ran with); ``pip install ./tests/vllm_standin/v0.8.5`` and ``./tests/vllm_standin/v0.9.1``
+install the very same package (their ``vllm`` directories are symlinks to this one) as ``vllm 0.8.5``
+(TRL 0.15.2 on vLLM 0.8, TRL issue #3115) and ``vllm 0.9.1``, the release TRL 0.18 / 0.19 were used
+with, whose ``colocate`` mode builds ``LLM(..., distributed_executor_backend="external_launcher",
 max_model_len=max_prompt_length + max_completion_length, ...)`` and reaches the same
 ``llm_engine.model_executor.driver_worker.model_runner.model``, ``generate`` and
-``reset_prefix_cache``. Behaviour does not depend on the version; ``__version__`` is the installed
-distribution's.
+``reset_prefix_cache``. Only the engine choice depends on the version (above); ``__version__`` is
+the installed distribution's.
 """
 
 import importlib.metadata as _metadata
@@ -72,8 +84,8 @@ except _metadata.PackageNotFoundError:  # imported from the source tree
     __version__ = "0.7.2"
 __stand_in__ = True  # lets tests tell this apart from a real vLLM
 
-from .entrypoints.llm import LLM  # noqa: E402
-from .outputs import CompletionOutput, RequestOutput  # noqa: E402
-from .sampling_params import GuidedDecodingParams, SamplingParams  # noqa: E402
+from .entrypoints.llm import LLM
+from .outputs import CompletionOutput, RequestOutput
+from .sampling_params import GuidedDecodingParams, SamplingParams
 
 __all__ = ["LLM", "SamplingParams", "GuidedDecodingParams", "RequestOutput", "CompletionOutput", "__version__"]

@@ -35,7 +35,7 @@ def _run_shadowed_sitecustomize():
 
         if importlib.util.find_spec("sitecustomize") is not None:
             importlib.import_module("sitecustomize")
-    except Exception as err:  # what site.execsitecustomize does with a failing sitecustomize
+    except Exception as err:  # noqa: BLE001 - what site.execsitecustomize does with a failing sitecustomize
         sys.stderr.write("Error in sitecustomize; set PYTHONVERBOSE for traceback:\n%s: %s\n"
                          % (err.__class__.__name__, err))
     finally:
@@ -49,7 +49,7 @@ def _run_shadowed_sitecustomize():
 def _activate():
     try:
         import trl_compat.activation
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - a broken trl_compat must not stop the interpreter
         sys.stderr.write(
             "trl_compat: `trl-compat run` put its sitecustomize on PYTHONPATH, but %s could not import "
             "trl_compat (%s: %s); this process runs without its fixes\n"

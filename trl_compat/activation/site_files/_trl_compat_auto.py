@@ -30,7 +30,7 @@ def start():
     try:
         if _defer_to_end_of_site():
             return
-    except Exception:  # a site.py we do not know: activate now rather than never
+    except Exception:  # noqa: BLE001 - a site.py we do not know: activate now rather than never
         pass
     activate()
 
@@ -38,7 +38,7 @@ def start():
 def activate():
     try:
         import trl_compat.activation
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - a broken trl_compat must not stop the interpreter
         sys.stderr.write(
             "trl_compat: %s=%s is set, but %s could not import trl_compat (%s: %s); this process "
             "runs without its fixes\n"

@@ -136,7 +136,7 @@ def apply(module, patcher) -> None:
             patcher.on_undo(functools.partial(setattr, other, NAME, bound))
 
 
-# The versions named above, inside the window (the probe decides) or outside it: tests/test_windows.py.
+# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0.dev0", "0.15.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}}
 
 PATCH = Patch(

@@ -16,7 +16,7 @@ import sys
 from trl_compat import _engine, _zero3
 from trl_compat._source import SourceUnavailable, code
 
-log = logging.getLogger("trl_compat")
+log = logging.getLogger(__name__)
 
 PATCH_ID = "zero3-unwrap"
 GUARD = 'hasattr(model, "optimizer")'

@@ -10,6 +10,7 @@ from typing import Any, Optional, Sequence, Union
 
 import torch
 
+from ..engine.llm_engine import LLMEngine
 from ..model_executor.models import build_model
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
@@ -124,14 +125,13 @@ class LLM:
         packed._recording = True
         packed.eval()
 
-        worker = Worker(ModelRunner(packed), device=str(self.device))
-        worker.determine_num_available_blocks()  # calls the method TRL patches
-        self.llm_engine = SimpleNamespace(
-            model_executor=SimpleNamespace(driver_worker=worker),
-            model_config=SimpleNamespace(hf_config=self.hf_config, dtype=self.dtype,
-                                         max_model_len=self.max_model_len),
-            get_tokenizer=lambda: self.tokenizer,
-        )
+        # The engine TRL reaches into: V0 (model_executor.driver_worker here) or, vLLM >= 0.8's
+        # default, V1 (see vllm/engine/arg_utils.py). Generation runs this worker's model either way.
+        self._worker = Worker(ModelRunner(packed), device=str(self.device))
+        model_config = SimpleNamespace(hf_config=self.hf_config, dtype=self.dtype, max_model_len=self.max_model_len)
+        self.llm_engine = LLMEngine.from_engine_args(SimpleNamespace(
+            worker=self._worker, model_config=model_config, tokenizer=self.tokenizer,
+            distributed_executor_backend=kwargs.get("distributed_executor_backend")))
 
         # Hugging Face twin used for generation; its weights are refreshed from the packed params.
         with torch.random.fork_rng(devices=[]):
@@ -157,8 +157,8 @@ class LLM:
     # -- helpers ------------------------------------------------------------------------------------
     @property
     def model(self):
-        """The packed stand-in model (``llm_engine.model_executor.driver_worker.model_runner.model``)."""
-        return self.llm_engine.model_executor.driver_worker.model_runner.model
+        """The packed stand-in model (V0: ``llm_engine.model_executor.driver_worker.model_runner.model``)."""
+        return self._worker.model_runner.model
 
     def get_tokenizer(self):
         return self.tokenizer

@@ -1,0 +1,124 @@
+"""What ``import trl_compat`` costs, against starting Python, in an environment with TRL installed.
+
+Run it with the Python of a matrix cell's venv where trl-compat is installed
+(``pip install --no-deps .``), e.g. ``trl0.15.2-tf4.48.3``. It times, in rounds with the
+variants in rotating order (so that the machine's load falls on all of them alike):
+
+- **python -c pass**: the interpreter alone;
+- **import logging, dataclasses, inspect, typing**: the standard library modules that the engine
+  and the patch modules import at start-up, a floor for the import of trl_compat as it is built;
+- **import trl_compat**: ``python -c "import trl_compat"`` (registers and gates every patch,
+  hooks the in-window ones to TRL's modules; imports no torch, transformers or trl), the installed
+  copy (it runs in a temporary directory, not in this tree);
+- **TRL_COMPAT_AUTO=1**: ``python -c pass`` with the switch on, where the wheel's
+  ``trl_compat.pth`` is installed (trl_compat imported at start-up by ``site``).
+
+It reports the median CPU time (user + system, from ``wait4``) of each, its ratio to the
+interpreter alone, and the number of modules each leaves in ``sys.modules``. Writes markdown::
+
+    /tmp/venv/bin/python benchmarks/import_cost.py [--rounds 40] [--out benchmarks/import_cost.md]
+"""
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+
+import _measure
+
+COUNT = "import sys; print(len(sys.modules))"
+# The standard library modules trl_compat's own modules and its patches import at start-up.
+FLOOR = "import logging, dataclasses, inspect, typing"
+# Run away from any source tree: `python -c` puts the working directory first on sys.path
+# (main() changes into it; the children inherit it).
+CWD = tempfile.gettempdir()
+
+
+def variants():
+    env = {k: v for k, v in os.environ.items() if k not in ("TRL_COMPAT_AUTO", "PYTHONPATH")}
+    found = [("python -c pass", [sys.executable, "-c", "pass"], env),
+             ("import logging, dataclasses, inspect, typing", [sys.executable, "-c", FLOOR], env),
+             ("import trl_compat", [sys.executable, "-c", "import trl_compat"], env)]
+    if os.path.exists(os.path.join(sysconfig.get_paths()["purelib"], "trl_compat.pth")):
+        found.append(("TRL_COMPAT_AUTO=1, python -c pass", [sys.executable, "-c", "pass"],
+                      dict(env, TRL_COMPAT_AUTO="1")))
+    return found
+
+
+def cpu_ms(cmd, env):
+    """CPU time of one run, and its wall time, in ms."""
+    wall, cpu = _measure.run_timed(cmd, env)
+    return cpu * 1e3, wall * 1e3
+
+
+def modules(cmd, env):
+    code = cmd[-1] + "\n" + COUNT if cmd[-1] != "pass" else COUNT
+    out = subprocess.run(cmd[:-1] + [code], env=env, capture_output=True, text=True, check=True)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def dist(name):
+    out = subprocess.run([sys.executable, "-c", f"import importlib.metadata as m; print(m.version({name!r}))"],
+                         capture_output=True, text=True)
+    return out.stdout.strip() or "-"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--out", default="")
+    parser.add_argument("--before", default="", help="a markdown file appended as is (an earlier run, for comparison)")
+    args = parser.parse_args()
+    out_path = os.path.abspath(args.out) if args.out else ""
+    before_path = os.path.abspath(args.before) if args.before else ""
+    os.chdir(CWD)
+    runs = variants()
+    for _, cmd, env in runs:  # warm the page cache and the .pyc files
+        for _ in range(3):
+            cpu_ms(cmd, env)
+    cpu = {name: [] for name, _, _ in runs}
+    wall = {name: [] for name, _, _ in runs}
+    for i in range(args.rounds):
+        for name, cmd, env in runs[i % len(runs):] + runs[:i % len(runs)]:
+            c, w = cpu_ms(cmd, env)
+            cpu[name].append(c)
+            wall[name].append(w)
+    base = statistics.median(cpu[runs[0][0]])
+    load = os.getloadavg()[0]
+    lines = [
+        "# What `import trl_compat` costs",
+        "",
+        f"`python benchmarks/import_cost.py --rounds {args.rounds}`, one run, "
+        f"{datetime.date.today().isoformat()}, Python {platform.python_version()}, trl {dist('trl')}, "
+        f"transformers {dist('transformers')}, trl-compat {dist('trl-compat')}; {os.cpu_count()} CPU cores, "
+        f"load average {load:.1f} at the end (a shared machine: compare medians and quartiles, not single runs).",
+        "",
+        f"{args.rounds} rounds, variants in rotating order, after 3 warm-up runs each. CPU time is user + "
+        "system of the process (from `wait4`); wall time mostly measures the wait for a core here.",
+        "",
+        "| variant | CPU median (ms) | CPU quartiles (ms) | ratio to `python -c pass` | wall median (ms) "
+        "| modules in sys.modules |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, cmd, env in runs:
+        q = _measure.quartiles(cpu[name])
+        lines.append(f"| {name} | {statistics.median(cpu[name]):.1f} | {q[0]:.1f} – {q[1]:.1f} | "
+                     f"{statistics.median(cpu[name]) / base:.2f} | {statistics.median(wall[name]):.1f} | "
+                     f"{modules(cmd, env)} |")
+    if before_path:
+        with open(before_path) as fh:
+            lines += ["", fh.read().rstrip()]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out_path:
+        with open(out_path, "w") as fh:
+            fh.write(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Every patch's status in this matrix cell, checked against the one table
+(tests/support/expected_status.py), and what the report says of the patches that apply.
+
+The statuses come from a fresh interpreter running ``python -m trl_compat --json`` (it imports
+every trigger module), so the earlier tests of this session cannot change them."""
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+from trl_compat.patches import PATCHES
+
+import pytest
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from expected_status import APPLIED, OPT_IN
+from versions import installed
+
+CELL = os.environ.get("TRL_COMPAT_CELL")
+pytestmark = pytest.mark.skipif(CELL is None, reason="not a matrix cell (TRL_COMPAT_CELL unset)")
+
+BY_ID = {patch.id: patch for patch in PATCHES}
+
+# Where a patch applies, its reason names what the probe found in the real code.
+APPLIED_REASONS = {
+    "fsdp2-vllm-sync": ["only syncs FSDP1", "generations change"],
+    "grpo-eval-0.14": ["calls inputs.get(...)", "'list' object has no attribute 'get'"],
+    "logps-attention-mask": ["without attention_mask"],
+    "peft-optional": ["get_peft_model in GRPOTrainer.__init__"],
+    "train-sampler-signature": ["sampler_fn(dataset) passes 1 positional argument(s)",
+                                "GRPOTrainer._get_train_sampler(self) cannot take"],
+    "zero3-hooks-api": ["renamed to _register_deepspeed_module"],
+}
+
+# Where the gate says "not needed", the probe says so too from the fixed code: it is what decides
+# for the main-branch builds inside a window. Written against TRL's code up to 0.20.
+FIXED_CODE_REASONS = {
+    "logps-attention-mask": "passes the attention mask",
+    "pad-token": "sets pad_token = eos_token",
+    "peft-gradient-checkpointing": "_enable_gradient_checkpointing",
+}
+
+
+@pytest.fixture(scope="module")
+def report():
+    out = subprocess.run([sys.executable, "-m", "trl_compat", "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return {rec["id"]: rec for rec in json.loads(out.stdout)["patches"]}
+
+
+def expected(patch_id):
+    if patch_id in APPLIED[CELL]:
+        return "applied"
+    return "disabled" if patch_id in OPT_IN.get(CELL, ()) else "not needed"
+
+
+def test_the_table_knows_this_cell_and_every_patch(report):
+    assert CELL in APPLIED, f"add cell {CELL} to tests/support/expected_status.py"
+    assert set(report) == set(BY_ID)
+    assert APPLIED[CELL] | OPT_IN.get(CELL, set()) <= set(BY_ID)
+
+
+@pytest.mark.parametrize("patch_id", sorted(BY_ID))
+def test_status(report, patch_id):
+    record = report[patch_id]
+    assert record["status"] == expected(patch_id), record
+    if record["status"] == "applied":
+        for snippet in APPLIED_REASONS.get(patch_id, ()):
+            assert snippet in record["reason"], record
+
+
+@pytest.mark.parametrize("patch_id", sorted(FIXED_CODE_REASONS))
+def test_probe_recognises_the_fixed_code(patch_id):
+    trl, patch = installed("trl"), BY_ID[patch_id]
+    if trl is None or trl >= Version("0.21") or SpecifierSet(patch.requires["trl"]).contains(trl, prereleases=True):
+        pytest.skip(f"trl {trl}: not a fixed release the probe was written against")
+    verdict = patch.probe(importlib.import_module(patch.module))
+    assert verdict.needed is False and FIXED_CODE_REASONS[patch_id] in verdict.reason, verdict

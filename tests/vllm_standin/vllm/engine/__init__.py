@@ -1,0 +1,1 @@
+"""Stand-in for ``vllm.engine``: the engine choice and the V0 ``LLMEngine``."""

@@ -1,0 +1,1 @@
+"""Stand-in for ``vllm.v1`` (vLLM >= 0.8's default engine)."""

@@ -1,0 +1,1 @@
+"""Stand-in for ``vllm.v1.engine``."""

@@ -1,0 +1,97 @@
+"""Post-import hooks: run a function on a module once it is imported, at once if it already is.
+
+What ``wrapt.register_post_import_hook`` does, in the few lines trl_compat needs (wrapt 2.x
+imports asyncio, ssl and subprocess, which cost more than starting Python): a finder first on
+``sys.meta_path`` notices the import of a watched module and wraps its loader, which runs the
+hooks once the module's code has run. The hooks receive the module their loader executed.
+A hook registered while another thread is still executing the module fires at once, as
+wrapt's does; the engine's hook waits for that import itself.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from types import ModuleType
+from typing import Any, Callable, Dict, List
+
+_lock = threading.RLock()
+_hooks: Dict[str, List[Callable[[ModuleType], None]]] = {}
+_searching = threading.local()  # names this thread's finder is asking the others about
+
+
+def when_imported(name: str, hook: Callable[[ModuleType], None]) -> None:
+    """Call ``hook(module)`` once module ``name`` is imported; now if it is in ``sys.modules``."""
+    with _lock:
+        if not any(isinstance(finder, _Finder) for finder in sys.meta_path):
+            sys.meta_path.insert(0, _Finder())
+        module = sys.modules.get(name)
+        if module is None:
+            _hooks.setdefault(name, []).append(hook)
+    # Outside the lock, as wrapt does: the hook may import, and so need it from another thread.
+    if module is not None:
+        hook(module)
+
+
+def _notify(module: ModuleType) -> None:
+    with _lock:
+        hooks = _hooks.pop(module.__name__, ())
+    for hook in hooks:
+        hook(module)
+
+
+class _Finder:
+    """Finds nothing itself: asks the finders after it and wraps the loader of a watched module."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        with _lock:
+            if fullname not in _hooks:
+                return None
+        searching = _searching.__dict__.setdefault("names", set())
+        if fullname in searching:
+            return None  # another copy of this finder (a second trl_compat) asked us back
+        searching.add(fullname)
+        try:
+            for finder in list(sys.meta_path):
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                        spec.loader = _Loader(spec.loader)
+                    return spec
+            return None
+        finally:
+            searching.discard(fullname)
+
+    def invalidate_caches(self) -> None:
+        pass
+
+
+class _Loader:
+    """Runs the real loader, puts it back where the module records its loader, then the hooks."""
+
+    def __init__(self, loader: Any):
+        self._loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        create = getattr(self._loader, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module: ModuleType) -> None:
+        if getattr(module, "__loader__", None) is self:
+            module.__loader__ = self._loader
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and spec.loader is self:
+            spec.loader = self._loader
+        self._loader.exec_module(module)
+        _notify(module)
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # isinstance(spec.loader, SourceFileLoader) holds, as with wrapt's proxy
+        return type(self._loader)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, is_package, get_resource_reader...
+        if name == "_loader":
+            raise AttributeError(name)
+        return getattr(self._loader, name)

@@ -1,0 +1,107 @@
+"""The one way a patch changes anything: a :class:`Patcher` records every change, so that it
+can be undone exactly, and marks every value it sets with the patch's id, so that a second
+copy of trl_compat (vendored and installed, or reloaded) never wraps twice."""
+
+from __future__ import annotations
+
+import logging
+from types import ModuleType
+from typing import Any, Callable, List
+
+log = logging.getLogger(__name__)
+
+MARKER = "__trl_compat_patch__"
+
+_MISSING = object()
+
+
+class AlreadyPatched(RuntimeError):
+    """The attribute already carries this patch: another copy of trl_compat applied it."""
+
+
+def markers(value: Any) -> frozenset:
+    """The ids of the patches whose wrappers ``value`` is (or sits on top of)."""
+    found = getattr(getattr(value, "__func__", value), MARKER, ())
+    return frozenset(found) if isinstance(found, (set, frozenset, tuple, list)) else frozenset({found})
+
+
+def raw_attribute(owner: Any, name: str) -> Any:
+    """``name`` as stored in the first ``__dict__`` along ``owner``'s MRO (a module's own
+    ``__dict__``): descriptors such as staticmethod and classmethod come back as they are."""
+    for holder in (owner.__mro__ if isinstance(owner, type) else (owner,)):
+        if name in vars(holder):
+            return vars(holder)[name]
+    raise AttributeError(f"{getattr(owner, '__name__', owner)!r} has no attribute {name!r}")
+
+
+class Patcher:
+    """Records every change a patch makes, so it can be undone exactly."""
+
+    def __init__(self, patch_id: str):
+        self.patch_id = patch_id
+        self._changes: List[tuple] = []
+
+    def wrap(self, owner: Any, name: str, factory: Callable[[Any], Any]) -> Any:
+        """Set ``owner.name = factory(original)``, where ``original`` is the function found
+        along the MRO; a staticmethod or classmethod is unwrapped for the factory and its
+        result re-wrapped the same way. Returns what was set."""
+        raw = raw_attribute(owner, name)
+        kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
+        new = factory(raw.__func__ if kind else raw)
+        return self.replace(owner, name, kind(new) if kind else new, above=raw)
+
+    def replace(self, owner: Any, name: str, new: Any, above: Any = _MISSING) -> Any:
+        """Set ``owner.name = new`` and return it. ``new`` is marked with this patch's id
+        (plus the ids of the wrappers it sits ``above``); an attribute already marked with
+        it raises :class:`AlreadyPatched`. Undo deletes what was inherited instead of
+        re-setting it."""
+        current = vars(owner).get(name, _MISSING)
+        if self.patch_id in markers(current) and not any(c[0] is owner and c[1] == name for c in self._changes):
+            raise AlreadyPatched(f"{_qualified(owner, name)} already carries {self.patch_id}")
+        # functools.wraps copied the wrapped function's marker onto ``new``: keep that chain
+        carried = markers(above if above is not _MISSING else new)
+        if callable(new) or isinstance(new, (staticmethod, classmethod)):
+            try:
+                setattr(getattr(new, "__func__", new), MARKER, carried | {self.patch_id})
+            except (AttributeError, TypeError):  # builtins, slots
+                pass
+        setattr(owner, name, new)
+        self._changes.append((owner, name, current, new))
+        return new
+
+    def on_undo(self, undo: Callable[[], None]) -> None:
+        """Run ``undo`` when the patch is reverted or rolled back (state that is no attribute)."""
+        self._changes.append((None, None, undo, None))
+
+    def touched(self) -> frozenset:
+        return frozenset((id(owner), name) for owner, name, _, _ in self._changes if owner is not None)
+
+    def changed(self) -> List[str]:
+        """The attributes this patch set, as dotted names (the report's target)."""
+        return list(dict.fromkeys(_qualified(o, n) for o, n, _, _ in self._changes if o is not None))
+
+    def undo(self) -> None:
+        while self._changes:
+            owner, name, old, new = self._changes.pop()
+            if owner is None:
+                old()
+                continue
+            current = vars(owner).get(name, _MISSING)
+            if current is not new:
+                # Someone replaced our value after us; putting the old one
+                # back would silently drop their change.
+                log.warning(
+                    "trl_compat: %s: %s.%s was replaced after %s patched it; left as it is",
+                    self.patch_id, getattr(owner, "__name__", owner), name, self.patch_id,
+                )
+                continue
+            if old is _MISSING:
+                delattr(owner, name)  # was inherited: re-setting would shadow the base
+            else:
+                setattr(owner, name, old)
+
+
+def _qualified(owner: Any, name: str) -> str:
+    if isinstance(owner, ModuleType):
+        return f"{owner.__name__}.{name}"
+    return f"{getattr(owner, '__module__', '?')}.{getattr(owner, '__qualname__', type(owner).__name__)}.{name}"

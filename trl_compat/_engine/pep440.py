@@ -1,0 +1,117 @@
+"""The part of PEP 440 the gate needs at start-up, without importing ``packaging``.
+
+``packaging`` costs about as much as starting Python, and every process that imports
+trl_compat gates every patch. This module answers only the cases where the answer is a
+plain comparison of PEP 440 sort keys, the same cases ``packaging.specifiers`` itself
+answers that way (its ``_fast_match``): ``>=``, ``<=``, ``==``, ``!=`` against a version
+without a local label, and ``<``/``>`` against a version of another release than the
+bound. Everything else (``<V`` for pre-releases of V itself, local labels, wildcards,
+``~=``, what does not parse) returns ``None``, and the caller asks ``packaging``.
+tests/engine/test_versions.py checks every answer against ``packaging``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, NamedTuple, Optional, Sequence, Tuple
+
+# PEP 440, appendix B (what packaging.version.VERSION_PATTERN is on Python < 3.11.5).
+_VERSION = re.compile(r"""
+    \s*v?
+    (?:
+        (?:(?P<epoch>[0-9]+)!)?
+        (?P<release>[0-9]+(?:\.[0-9]+)*)
+        (?P<pre>[-_\.]?(?P<pre_l>alpha|a|beta|b|preview|pre|c|rc)[-_\.]?(?P<pre_n>[0-9]+)?)?
+        (?P<post>(?:-(?P<post_n1>[0-9]+))|(?:[-_\.]?(?P<post_l>post|rev|r)[-_\.]?(?P<post_n2>[0-9]+)?))?
+        (?P<dev>[-_\.]?(?P<dev_l>dev)[-_\.]?(?P<dev_n>[0-9]+)?)?
+    )
+    (?:\+(?P<local>[a-z0-9]+(?:[-_\.][a-z0-9]+)*))?
+    \s*
+""", re.VERBOSE | re.IGNORECASE | re.ASCII)
+
+_PRE_RANK = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "pre": 2, "preview": 2, "rc": 2}
+_CLAUSE = re.compile(r"\s*(>=|<=|==|!=|<|>)\s*([0-9][^\s,*+]*)\s*")
+
+
+class Parsed(NamedTuple):
+    epoch: int
+    release: Tuple[int, ...]
+    pre: Optional[Tuple[int, int]]  # (rank: a=0, b=1, rc=2; number)
+    post: Optional[int]
+    dev: Optional[int]
+    local: Optional[str]
+
+    @property
+    def base_version(self) -> str:
+        return (f"{self.epoch}!" if self.epoch else "") + ".".join(map(str, self.release))
+
+    def trimmed(self) -> Tuple[int, Tuple[int, ...]]:
+        release = list(self.release)
+        while release and release[-1] == 0:
+            release.pop()
+        return self.epoch, tuple(release)
+
+    def key(self) -> tuple:
+        """packaging's sort key, for versions without a local label."""
+        if self.pre is None and self.post is None and self.dev is not None:
+            pre = (-1, 0)  # X.devN sorts before X's pre-releases
+        else:
+            pre = self.pre if self.pre is not None else (3, 0)
+        post = (0, 0) if self.post is None else (1, self.post)
+        dev = (1, 0) if self.dev is None else (0, self.dev)
+        return self.trimmed() + (pre + post + dev,)
+
+
+def parse(text: str) -> Optional[Parsed]:
+    """The parts of a PEP 440 version, or None where it is not one."""
+    if not isinstance(text, str):
+        return None
+    if text not in _parsed:
+        _parsed[text] = _parse(text)
+    return _parsed[text]
+
+
+_parsed: Dict[str, Optional[Parsed]] = {}  # every patch's window names the same few versions
+
+
+def _parse(text: str) -> Optional[Parsed]:
+    match = _VERSION.fullmatch(text)
+    if match is None:
+        return None
+    g = match.group
+    pre = (_PRE_RANK[g("pre_l").lower()], int(g("pre_n") or 0)) if g("pre_l") else None
+    post = g("post_n1") or g("post_n2") or ("0" if g("post_l") else None)
+    return Parsed(
+        epoch=int(g("epoch") or 0), release=tuple(int(part) for part in g("release").split(".")), pre=pre,
+        post=None if post is None else int(post), dev=int(g("dev_n") or 0) if g("dev_l") else None,
+        local=g("local"),
+    )
+
+
+def _clauses(spec: str) -> Optional[Sequence[Tuple[str, Parsed]]]:
+    clauses = []
+    for part in spec.split(","):
+        match = _CLAUSE.fullmatch(part)
+        bound = parse(match.group(2)) if match else None
+        if bound is None:
+            return None
+        clauses.append((match.group(1), bound))
+    return clauses
+
+
+def contains(spec: str, version: Parsed) -> Optional[bool]:
+    """Whether ``version`` lies in the specifier set ``spec`` (pre-releases allowed), or None
+    where only packaging can tell."""
+    clauses = _clauses(spec)
+    if clauses is None or version.local is not None:
+        return None
+    answer = True
+    for op, bound in clauses:
+        if op in ("<", ">") and version.trimmed() == bound.trimmed():
+            return None  # PEP 440's carve-outs for V's own pre-, post- and dev releases
+        mine, theirs = version.key(), bound.key()
+        answer = answer and {
+            ">=": mine >= theirs, "<=": mine <= theirs, "==": mine == theirs, "!=": mine != theirs,
+            "<": mine < theirs, ">": mine > theirs,
+        }[op]
+    return answer

@@ -1,0 +1,53 @@
+"""Acting around ``GRPOTrainer.__init__``: one wrapper for the patches that correct what TRL's
+``__init__`` is given or leaves behind, instead of each wrapping it its own way.
+
+``apply=around_init(before=..., after=...)`` in a ``Patch``: ``before(trainer, arguments)`` runs
+before TRL's ``__init__`` (``trainer`` not initialised yet), ``after(trainer, arguments)`` after
+it; ``arguments`` are the call's arguments by name, as TRL's signature binds them (``{}`` when
+the call does not bind: TRL then reports it as it always did; with ``complete=True`` also when
+it lacks a required argument). The call itself reaches TRL's ``__init__`` untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, Dict, Optional
+
+Hook = Callable[[Any, Dict[str, Any]], None]
+
+
+def _arguments(signature: Optional[inspect.Signature], complete: bool, args, kwargs) -> Dict[str, Any]:
+    if signature is None:
+        return {}
+    try:
+        bound = (signature.bind if complete else signature.bind_partial)(*args, **kwargs)
+    except TypeError:
+        return {}
+    return dict(bound.arguments)
+
+
+def around_init(*, before: Optional[Hook] = None, after: Optional[Hook] = None, complete: bool = False):
+    """The ``apply`` of a patch that wraps ``GRPOTrainer.__init__`` with ``before``/``after``."""
+
+    def factory(original):
+        try:
+            signature = inspect.signature(original)
+        except (TypeError, ValueError):
+            signature = None
+
+        @functools.wraps(original)
+        def __init__(self, *args, **kwargs):
+            arguments = _arguments(signature, complete, (self, *args), kwargs)
+            if before is not None:
+                before(self, arguments)
+            original(self, *args, **kwargs)
+            if after is not None:
+                after(self, arguments)
+
+        return __init__
+
+    def apply(module, patcher) -> None:
+        patcher.wrap(module.GRPOTrainer, "__init__", factory)
+
+    return apply

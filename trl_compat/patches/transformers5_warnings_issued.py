@@ -1,0 +1,85 @@
+"""transformers5-warnings-issued: ``GRPOTrainer.__init__`` of TRL <= 0.19 sets
+``model.warnings_issued[...]``, which transformers 5 removed.
+
+Remove this patch when trl_compat no longer supports TRL < 0.20 on transformers >= 5.
+
+The bug (once transformers5-import lets ``from trl import GRPOTrainer`` work)
+    ``model.warnings_issued["estimate_tokens"] = True`` (TRL 0.14-0.27): transformers 5 removed
+    ``PreTrainedModel.warnings_issued`` (the dict ``PreTrainedModel.__init__`` used to create) and
+    nothing in it reads the dict any more, so every GRPOTrainer dies with
+    ``AttributeError: 'Qwen2ForCausalLM' object has no attribute 'warnings_issued'``.
+    Upstream: TRL PR #4960 (0.28.0) removed the line.
+    Window here: trl < 0.20 (what trl_compat supports and tests) and its 0.20.0.dev0 builds,
+    transformers >= 5.
+
+How the probe recognises it
+    The source of ``GRPOTrainer.__init__`` (comments dropped) contains ``warnings_issued[``,
+    ``transformers.PreTrainedModel`` has no ``warnings_issued`` and the code of
+    ``transformers.modeling_utils`` never mentions it (so no instance gets one).
+
+The fix
+    ``PreTrainedModel.warnings_issued`` becomes a non-data descriptor that gives each model its
+    own dict on first access (stored in the instance, so later reads and assignments are plain
+    attribute accesses). It reaches models the user instantiated and PEFT-wrapped models too.
+
+transformers5-use-cache fixes the other transformers-5 bug of the same ``__init__``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from trl_compat._engine import needed, not_needed
+from trl_compat._source import code
+from trl_compat.patches import _transformers5
+
+WARNINGS_PATTERN = "warnings_issued["
+
+
+class WarningsIssued:
+    """Non-data descriptor for ``PreTrainedModel.warnings_issued``: a per-model dict, created on
+    first access and stored in the instance (where later reads find it before this descriptor)."""
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        return instance.__dict__.setdefault("warnings_issued", {})
+
+
+@functools.lru_cache(maxsize=None)
+def _mentions_warnings_issued(modeling_utils) -> bool:
+    return "warnings_issued" in code(modeling_utils)  # ~280 kB of code: read once
+
+
+def probe(module):
+    if WARNINGS_PATTERN not in code(module.GRPOTrainer.__init__):
+        return not_needed("GRPOTrainer.__init__ does not touch model.warnings_issued")
+    import transformers.modeling_utils as modeling_utils
+
+    if hasattr(modeling_utils.PreTrainedModel, "warnings_issued"):
+        return not_needed("PreTrainedModel has warnings_issued")
+    if _mentions_warnings_issued(modeling_utils):
+        return not_needed("transformers' models create warnings_issued")
+    return needed("GRPOTrainer.__init__ sets model.warnings_issued[...], which transformers' models no longer have")
+
+
+def apply(module, patcher):
+    import transformers.modeling_utils as modeling_utils
+
+    patcher.replace(modeling_utils.PreTrainedModel, "warnings_issued", WarningsIssued())
+
+
+# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
+# 0.20 is where trl_compat's support ends; the line itself stays up to 0.28.0.
+VERSIONS = {"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0", "0.28.0"]},
+            "transformers": _transformers5.TRANSFORMERS_VERSIONS}
+
+PATCH = _transformers5.patch(
+    id="transformers5-warnings-issued",
+    summary="TRL < 0.20 on transformers 5: GRPOTrainer.__init__ sets model.warnings_issued, which is gone",
+    upstream="https://github.com/huggingface/trl/pull/4960 (removed the line in 0.28.0)",
+    module="trl.trainer.grpo_trainer",
+    target="GRPOTrainer",  # the fix is on transformers' PreTrainedModel; TRL's class must be there
+    probe=probe,
+    apply=apply,
+)
