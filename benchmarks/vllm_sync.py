@@ -16,7 +16,7 @@ heads, vocab 32000, untied; LoRA r=16, alpha=32 on all attention and MLP project
 non-zero adapter weights. The receiver behaves like vLLM's ``load_weights``: it consumes the
 iterable item by item and copies each tensor into its own preallocated parameters.
 
-Per dtype, plain and trl_compat run in one fresh process, their syncs interleaved (the ratio
+Each worker process runs with OMP_NUM_THREADS=1. Per dtype, plain and trl_compat run in one fresh process, their syncs interleaved (the ratio
 is measured under the same load); deepcopy+merge and upstream each in a fresh process of
 their own. Time: median of ``--repeats`` syncs after a warm-up. Peak extra memory
 (benchmarks/_measure.py): the process's peak RSS during a sync minus its RSS just before.
@@ -197,7 +197,9 @@ def _drift(model, base):
 
 
 def _run(approaches, dtype_name, repeats):
-    env = dict(os.environ, **_measure.MALLOC_ENV, TRL_COMPAT_DISABLE="*",
+    # One thread: on a shared machine two OpenMP threads per op mostly measure how long each
+    # parallel region waits for a second core, i.e. the number of ops, not the work they do.
+    env = dict(os.environ, **_measure.MALLOC_ENV, TRL_COMPAT_DISABLE="*", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, __file__, "--worker", ",".join(approaches), dtype_name, str(repeats)],
                          env=env, capture_output=True, text=True, check=False)
@@ -241,7 +243,7 @@ def main():
         f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} CPU cores, Python {platform.python_version()}, torch {torch.__version__}, "
         f"transformers {transformers.__version__}, peft {peft.__version__}; whole run {time.time() - start:.0f} s. "
-        f"CPU only. Load average {load_before:.1f} before / {load_after:.1f} after (a shared machine: times are "
+        f"CPU only, one thread (OMP_NUM_THREADS=1) per worker process. Load average {load_before:.1f} before / {load_after:.1f} after (a shared machine: times are "
         "indicative; memory and drift do not depend on load).",
         "",
         "Model: Qwen2 built in code (hidden 1024, MLP 2816, 8 layers, vocab 32000, untied), LoRA r=16 on "
@@ -285,10 +287,18 @@ def main():
         f"Model size: {_mb(first['model_bytes'])} in {first['dtype']}; the largest LoRA-wrapped weight "
         f"(one merged tensor) is {_mb(first['largest_merged_bytes'])} in {first['dtype']}.",
         "",
-        "Reading it: trl_compat's peak is about two merged tensors in float32 (the one being computed "
-        "and the one the receiver still holds while it asks for the next). In bfloat16, PEFT keeps "
-        "the adapters in float32 (`autocast_adapter_dtype`), so each delta is computed in float32 "
-        "before rounding, as PEFT's own merge does. deepcopy+merge holds a whole second model. "
+        "Reading it: trl_compat computes each merged weight into one of two buffers that take turns "
+        "(the one being written, and the one the receiver still holds while it asks for the next; a "
+        "buffer is written again only when nothing outside uses its storage), so its peak is about two "
+        "merged tensors in float32. In bfloat16, PEFT keeps the adapters in float32 "
+        "(`autocast_adapter_dtype`), so each delta is computed in float32 before rounding, as PEFT's own "
+        "merge does: a float32 delta plus two bfloat16 buffers. What is left of the gap to the plain "
+        "sync is the work PEFT's merge itself does per LoRA weight, on top of the receiver's copy: the "
+        "rank-r matmul `B @ A` (a weight-sized output), `* scaling` and `+ W`, each a pass over the "
+        "weight (in bfloat16, done in float32: twice the bytes of the copy it is compared with). "
+        "Fusing them (`addmm`, `add(alpha=)`) would round once instead of twice: not PEFT's bits. "
+        "Before this change (trl_compat of 2026-11-23 morning: a fresh tensor per merged weight, and in bfloat16 a mixed-dtype `W + delta`), measured the same way, one thread, interleaved with the plain sync: 6.6x in float32, 20x in bfloat16; the run before that, with two threads per process: 5.4x and 6.7x. "
+        "deepcopy+merge holds a whole second model. "
         "Upstream 0.15.1 needs no copy either, but merge + unmerge on the live weights is not "
         "bit-exact: the training model's base weights drift at the first sync.",
         "",

@@ -242,6 +242,7 @@ LORA_CASES = {
     "bf16-base-fp32-adapters-embedding": lambda: _bf16_base_fp32_adapters(target_modules=["embed_tokens", "q_proj"]),
     "fp32-base-bf16-adapters": lambda: _adapters_to(lora(), torch.bfloat16),
     "llama": lambda: lora(tiny.make_model("llama")),
+    "scaling-one": lambda: lora(lora_alpha=8),  # r=8: scaling 1.0, the multiply is skipped
     "second-adapter-active-rslora": lambda: _two_adapters("b"),
     "two-adapters-active": lambda: _two_adapters("both"),
     "already-merged": _already_merged,
@@ -294,6 +295,27 @@ def test_one_yielded_tensor_alive_at_a_time(case):
         alive.append(weakref.ref(tensor))
         del tensor
     assert peak == 0
+
+
+@needs_peft
+@pytest.mark.parametrize("case", ["fp32", "bf16-base-fp32-adapters", "gpt2-fan-in-fan-out"])
+def test_merged_buffers_reused_only_when_nobody_holds_them(case):
+    """A receiver that copies each item and drops it lets the stream reuse two buffers for all
+    merged weights; one that keeps only a view of each item still gets every value intact."""
+    model = LORA_CASES[case]()
+    ref = reference_state(model)
+    lora_names = {n + ".weight" for n, m in peel(model, peft=False, fsdp=False).get_base_model().named_modules()
+                  if hasattr(m, "lora_A") and m.lora_A}
+    addresses = set()
+    for name, tensor in vllm_sync.iter_vllm_weights(model):
+        assert torch.equal(tensor, ref[name]), name
+        if name in lora_names:
+            addresses.add(tensor.untyped_storage().data_ptr())
+        del tensor
+    assert len(lora_names) > 2 and len(addresses) <= 2
+    kept = [(name, tensor[:]) for name, tensor in vllm_sync.iter_vllm_weights(model)]  # a view each
+    for name, view in kept:
+        assert torch.equal(view, ref[name]), name
 
 
 def test_unknown_structure_is_refused_before_anything_is_sent():

@@ -14,8 +14,9 @@ model of the base architecture would hold, the adapter merged in:
 
 Unlike TRL (0.15.1 and later merge/unmerge the live weights, which is not bit-exact), the
 merged tensors are computed out of place, one layer at a time, as a generator: no parameter
-of the training model is written, and the extra memory held at any moment is about one
-merged tensor. Under DeepSpeed ZeRO-3 each layer's parameters are gathered for just that
+of the training model is written, and the extra memory held at any moment is about two
+merged tensors (two buffers reused in turn, each written again only once nothing outside the
+sync uses it; the buffers live as long as the stream). Under DeepSpeed ZeRO-3 each layer's parameters are gathered for just that
 layer (a collective: every rank walks the same layers; only the main process sends).
 
 Layers whose merge arithmetic is not re-done here (DoRA and other LoRA variants,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, List, Tuple
 
 # Module attributes holding hook dicts: a private copy of a layer must not carry the
 # training model's hooks (DeepSpeed, accelerate) along.
@@ -17,9 +17,62 @@ _HOOK_DICTS = (
 )
 
 
-def _lora_delta(layer: Any, adapter: str, embedding: bool) -> Any:
-    """PEFT's ``get_delta_weight`` arithmetic (identical in 0.8-0.17), into a fresh tensor
-    and without PEFT's side effect of re-assigning the adapter weights on CPU half precision."""
+def _storage_users() -> Any:
+    """``torch._C._storage_Use_Count`` (how many tensors and storage objects share a storage), or
+    ``None`` where this torch lacks it: then no buffer is ever reused."""
+    import torch
+
+    return getattr(torch._C, "_storage_Use_Count", None)
+
+
+class Workspace:
+    """Output buffers reused from one merged weight to the next within one sync.
+
+    A fresh tensor per layer costs an allocation the size of the weight (on the CPU: fresh pages,
+    faulted in and zeroed by the kernel, then given back) and arrives cold in the cache; the
+    receiver copies each merged weight at once, so two buffers taking turns are enough. A buffer
+    is written again only when no tensor outside this object uses its storage any more (not the
+    tensor handed out, not a view of it): a receiver that keeps what it got (``list(stream)``)
+    gets fresh tensors, never one overwritten under it."""
+
+    SLOTS = 2  # the tensor being computed, and the one the receiver may still hold while asking
+
+    def __init__(self) -> None:
+        self._use_count = _storage_users()
+        self._slots: Dict[Tuple[Any, Any], List[Any]] = {}
+
+    def _free(self, flat: Any) -> bool:
+        # 2: ``flat`` itself and the storage object made for the question
+        return self._use_count(flat.untyped_storage()._cdata) <= 2
+
+    def empty(self, shape: Any, dtype: Any, device: Any) -> Any:
+        """An uninitialised tensor of ``shape``: a reused buffer when one is free, else a fresh one."""
+        import torch
+
+        if self._use_count is None:
+            return torch.empty(shape, dtype=dtype, device=device)
+        numel = 1
+        for size in shape:
+            numel *= size
+        slots = self._slots.setdefault((dtype, device), [])
+        free = [i for i, flat in enumerate(slots) if self._free(flat)]
+        fits = [i for i in free if slots[i].numel() >= numel]
+        if fits:
+            return slots[fits[0]][:numel].view(shape)
+        flat = torch.empty(numel, dtype=dtype, device=device)
+        if free:  # too small: let it go, keep the larger one
+            slots[free[0]] = flat
+        elif len(slots) < self.SLOTS:
+            slots.append(flat)
+        else:  # the receiver keeps what it got: a tensor of its own, not one we write again
+            return flat.view(shape)
+        return flat.view(shape)
+
+
+def _lora_delta(layer: Any, adapter: str, embedding: bool, workspace: Any = None) -> Any:
+    """PEFT's ``get_delta_weight`` arithmetic (identical in 0.8-0.17), into a fresh tensor (or a
+    ``workspace`` buffer) and without PEFT's side effect of re-assigning the adapter weights on
+    CPU half precision."""
     import torch
 
     if embedding:
@@ -35,17 +88,46 @@ def _lora_delta(layer: Any, adapter: str, embedding: bool) -> Any:
     cast_to_fp32 = device.type == "cpu" and dtype in (torch.float16, torch.bfloat16)
     if cast_to_fp32:
         weight_a, weight_b = weight_a.float(), weight_b.float()
-    delta = weight_b @ weight_a
+    if (workspace is not None and weight_a.dim() == 2 and weight_b.dim() == 2
+            and weight_a.dtype == weight_b.dtype and weight_a.device == weight_b.device):
+        # the same mm kernel as ``weight_b @ weight_a``, written into a reused buffer
+        delta = torch.mm(weight_b, weight_a, out=workspace.empty(
+            (weight_b.shape[0], weight_a.shape[1]), weight_a.dtype, weight_a.device))
+    else:
+        delta = weight_b @ weight_a
     if fan_in_fan_out:
         delta = delta.T
-    delta.mul_(layer.scaling[adapter])  # in place: same bits as PEFT's ``* scaling``
+    scaling = layer.scaling[adapter]
+    if scaling != 1 or workspace is None:  # ``x * 1.0`` is x: skip a pass over the weight
+        delta.mul_(scaling)  # in place: same bits as PEFT's ``* scaling``
     if cast_to_fp32:
         delta = delta.to(dtype=dtype)
     return delta
 
 
-def merged_weight(layer: Any, adapters: Tuple[str, ...], embedding: bool) -> Any:
-    """``W`` plus each adapter's delta, added in PEFT's order and dtype rules."""
+def _add_rounded(weight: Any, delta: Any, workspace: Any) -> Any:
+    """PEFT's ``W += delta`` for a ``W`` of a narrower float dtype than ``delta`` (bfloat16 base,
+    float32 adapters): the sum in ``delta``'s dtype, rounded once to ``W``'s; written into a
+    workspace buffer instead of ``W``. ``delta`` is used up."""
+    import torch
+
+    out = workspace.empty(weight.shape, weight.dtype, weight.device)
+    if weight.device.type != "cpu" or weight.dim() < 2:
+        return torch.add(weight, delta, out=out)  # PEFT's own op, its result elsewhere
+    # A mixed-dtype add is not vectorised on the CPU (about 3x slower than this). Converting W
+    # to delta's wider dtype is exact, so the sum and its rounding are the same, bit for bit.
+    rows = max(1, (1 << 18) // max(1, weight[0].numel()))
+    scratch = workspace.empty((min(rows, weight.shape[0]),) + tuple(weight.shape[1:]), delta.dtype, delta.device)
+    for start in range(0, weight.shape[0], rows):
+        part = delta[start:start + rows]
+        wide = scratch[:part.shape[0]].copy_(weight[start:start + rows])
+        out[start:start + rows].copy_(part.add_(wide))
+    return out
+
+
+def merged_weight(layer: Any, adapters: Tuple[str, ...], embedding: bool, workspace: Any = None) -> Any:
+    """``W`` plus each adapter's delta, added in PEFT's order and dtype rules. With a
+    :class:`Workspace`, the result may live in one of its buffers."""
     import torch
 
     weight = layer.base_layer.weight.detach()
@@ -54,15 +136,18 @@ def merged_weight(layer: Any, adapters: Tuple[str, ...], embedding: bool) -> Any
     with torch.no_grad():
         merged = None
         for adapter in adapters:
-            delta = _lora_delta(layer, adapter, embedding)
+            delta = _lora_delta(layer, adapter, embedding, workspace if merged is None else None)
             if merged is None:
                 if (delta.shape == weight.shape and delta.device == weight.device
                         and torch.promote_types(delta.dtype, weight.dtype) == delta.dtype):
                     # PEFT's ``W += delta`` computes W + delta in the promoted dtype and rounds
                     # once to W's dtype; d + W is the same sum, bit for bit, without a copy of W.
-                    merged = delta.add_(weight)
-                    if merged.dtype != weight.dtype:
-                        merged = merged.to(weight.dtype)
+                    if delta.dtype == weight.dtype or workspace is None:
+                        merged = delta.add_(weight)
+                        if merged.dtype != weight.dtype:
+                            merged = merged.to(weight.dtype)
+                    else:
+                        merged = _add_rounded(weight, delta, workspace)
                 else:
                     merged = weight.clone()
                     merged += delta  # PEFT's ``base_layer.weight.data += delta`` on a copy

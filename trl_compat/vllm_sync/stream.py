@@ -7,7 +7,7 @@ import warnings
 from typing import Any, Dict, Iterator, List, Tuple
 
 from trl_compat._zero3 import gathered
-from trl_compat.vllm_sync.merge import copy_merged_state, merged_weight, own_state
+from trl_compat.vllm_sync.merge import Workspace, copy_merged_state, merged_weight, own_state
 from trl_compat.vllm_sync.structure import Peft, Step, plan_steps, resolve
 
 
@@ -32,27 +32,29 @@ class Plan:
                 if weight is not None:
                     self.merged_owner[id(weight)] = step
 
-    def _merged_from(self, owner: Step) -> Any:
+    def _merged_from(self, owner: Step, workspace: Any) -> Any:
         if owner.kind == "fast":
-            return merged_weight(owner.module, owner.adapters, type(owner.module) is self.peft.fast_embedding)
+            return merged_weight(owner.module, owner.adapters, type(owner.module) is self.peft.fast_embedding,
+                                 workspace)
         return copy_merged_state(owner.module, "")["weight"]
 
-    def items(self, step: Step) -> Dict[str, Any]:
-        """What this step sends. Call inside ``gathered(self.params(step))``."""
+    def items(self, step: Step, workspace: Any = None) -> Dict[str, Any]:
+        """What this step sends. Call inside ``gathered(self.params(step))``. Merged weights may
+        live in ``workspace`` (a :class:`~trl_compat.vllm_sync.merge.Workspace`)."""
         if step.kind == "copy":
             return copy_merged_state(step.module, step.prefix)
         if step.kind == "fast":
             base = step.module.base_layer
             out = own_state(base, step.prefix)
             out[step.prefix + "weight"] = merged_weight(
-                step.module, step.adapters, type(step.module) is self.peft.fast_embedding
+                step.module, step.adapters, type(step.module) is self.peft.fast_embedding, workspace
             )
             return out
         out = own_state(step.module, step.prefix)
         for name, param in step.module._parameters.items():
             owner = self.merged_owner.get(id(param)) if param is not None else None
             if owner is not None and step.prefix + name in out:
-                out[step.prefix + name] = self._merged_from(owner)
+                out[step.prefix + name] = self._merged_from(owner, workspace)
         return out
 
     def params(self, step: Step) -> List[Any]:
@@ -66,9 +68,10 @@ class Plan:
 
 
 def _stream(plan: Plan) -> Iterator[Tuple[str, Any]]:
+    workspace = Workspace()  # this sync's buffers, gone with the stream
     for step in plan.steps:
         with gathered(plan.params(step)):
-            items = plan.items(step)
+            items = plan.items(step, workspace)
             while items:
                 # pop so that nothing of ours keeps a merged tensor alive once it is sent
                 name = next(iter(items))
@@ -84,6 +87,8 @@ def iter_vllm_weights(model: Any) -> Iterator[Tuple[str, Any]]:
     torch.compile / DDP / a DeepSpeed engine. A tensor may share storage with the
     model (never modify it) and, under ZeRO-3, is valid only until the next item is
     requested: consume each before asking for the next, as vLLM's ``load_weights`` does.
+    Merged weights live in buffers the stream reuses once nothing else refers to them (the
+    tensor or any view of it): a consumer that keeps items gets tensors of its own.
     Under ZeRO-3 every rank must run through the whole iterator (the gathers are collective).
     Raises :class:`UnsupportedModel` (before yielding anything) for structures it does not know.
     """
