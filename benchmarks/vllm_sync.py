@@ -16,8 +16,8 @@ heads, vocab 32000, untied; LoRA r=16, alpha=32 on all attention and MLP project
 non-zero adapter weights. The receiver behaves like vLLM's ``load_weights``: it consumes the
 iterable item by item and copies each tensor into its own preallocated parameters.
 
-Each worker process runs with OMP_NUM_THREADS=1. Per dtype, plain and trl_compat run in one fresh process, their syncs interleaved (the ratio
-is measured under the same load); deepcopy+merge and upstream each in a fresh process of
+Each worker process runs with OMP_NUM_THREADS=1. Per dtype, plain and trl_compat run in one fresh
+process, their syncs interleaved (the ratio is measured under the same load); deepcopy+merge and upstream each in a fresh process of
 their own. Time: median of ``--repeats`` syncs after a warm-up. Peak extra memory
 (benchmarks/_measure.py): the process's peak RSS during a sync minus its RSS just before.
 Drift: how far the base weights of the training model are from their initial bits after 1
@@ -243,7 +243,8 @@ def main():
         f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} CPU cores, Python {platform.python_version()}, torch {torch.__version__}, "
         f"transformers {transformers.__version__}, peft {peft.__version__}; whole run {time.time() - start:.0f} s. "
-        f"CPU only, one thread (OMP_NUM_THREADS=1) per worker process. Load average {load_before:.1f} before / {load_after:.1f} after (a shared machine: times are "
+        f"CPU only, one thread (OMP_NUM_THREADS=1) per worker process. "
+        f"Load average {load_before:.1f} before / {load_after:.1f} after (a shared machine: times are "
         "indicative; memory and drift do not depend on load).",
         "",
         "Model: Qwen2 built in code (hidden 1024, MLP 2816, 8 layers, vocab 32000, untied), LoRA r=16 on "
@@ -297,7 +298,9 @@ def main():
         "rank-r matmul `B @ A` (a weight-sized output), `* scaling` and `+ W`, each a pass over the "
         "weight (in bfloat16, done in float32: twice the bytes of the copy it is compared with). "
         "Fusing them (`addmm`, `add(alpha=)`) would round once instead of twice: not PEFT's bits. "
-        "Before this change (trl_compat of 2026-11-23 morning: a fresh tensor per merged weight, and in bfloat16 a mixed-dtype `W + delta`), measured the same way, one thread, interleaved with the plain sync: 6.6x in float32, 20x in bfloat16; the run before that, with two threads per process: 5.4x and 6.7x. "
+        "Before this change (trl_compat of 2026-11-23 morning: a fresh tensor per merged weight, and in bfloat16 "
+        "a mixed-dtype `W + delta`), measured the same way, one thread, interleaved with the plain sync: 6.6x in "
+        "float32, 20x in bfloat16; the run before that, with two threads per process: 5.4x and 6.7x. "
         "deepcopy+merge holds a whole second model. "
         "Upstream 0.15.1 needs no copy either, but merge + unmerge on the live weights is not "
         "bit-exact: the training model's base weights drift at the first sync.",
