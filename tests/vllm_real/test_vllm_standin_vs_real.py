@@ -33,7 +33,7 @@ if real_vllm.skip_reason():
 
 import tiny
 
-STANDIN_SOURCE = pathlib.Path(__file__).parent / "vllm_standin" / "vllm"
+STANDIN_SOURCE = pathlib.Path(__file__).parent.parent / "vllm_standin" / "vllm"
 PROMPT = " ".join(tiny.vocab_words()[:40])  # blocks of 16 end at 16 and 32, then the partial last one
 
 
