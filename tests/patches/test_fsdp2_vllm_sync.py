@@ -9,9 +9,6 @@ weights. One launch with the patch (strict mode), one with ``TRL_COMPAT_DISABLE`
 About 30-60 s per launch on 2 cores; only TRL 0.18.x/0.19.x (the window) run them.
 """
 
-import os
-import subprocess
-import sys
 
 import trl_compat
 from trl_compat.patches import fsdp2_vllm_sync
@@ -20,9 +17,8 @@ import pytest
 from packaging.version import Version
 
 from versions import installed
-from workers import SUPPORT, Run
+from workers import launch_two
 
-WORKER = os.path.join(SUPPORT, "fsdp2_worker.py")
 PATCH_ID = "fsdp2-vllm-sync"
 
 TRL, TORCH = installed("trl"), installed("torch")
@@ -76,19 +72,8 @@ def model_dir(tmp_path_factory):
 
 
 def launch(model_dir, out_dir, disable="", peft=False):
-    env = dict(os.environ)
-    env.update(
-        TRL_COMPAT_STRICT="1",
-        TRL_COMPAT_DISABLE=disable,
-        OMP_NUM_THREADS="1",
-        CUDA_VISIBLE_DEVICES="",
-        PYTHONUNBUFFERED="1",
-    )
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           WORKER, str(model_dir), str(out_dir)] + (["peft"] if peft else [])
-    proc = subprocess.run(cmd, env=env, cwd=SUPPORT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=480)
-    return Run(proc.returncode, proc.stdout, "F2|")
+    return launch_two("fsdp2_worker.py", model_dir, out_dir, *(["peft"] if peft else []), marker="F2|", disable=disable,
+                      timeout=480)
 
 
 def check_fsdp2_training(run, peft=False):

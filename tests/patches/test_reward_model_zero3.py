@@ -12,9 +12,6 @@
 """
 
 import importlib.util
-import os
-import subprocess
-import sys
 
 import trl_compat
 from trl_compat.patches.reward_model_zero3 import PATCH
@@ -23,10 +20,9 @@ import pytest
 from packaging.version import Version
 
 from versions import installed
-from workers import SUPPORT, Run
+from workers import launch_two
 
 PID = PATCH.id
-WORKER = os.path.join(SUPPORT, "zero3_reward_worker.py")
 PADDING_IDX = "AssertionError: Padding_idx must be within num_embeddings"
 
 TRL, DS, TF = installed("trl"), installed("deepspeed"), installed("transformers")
@@ -62,14 +58,7 @@ def model_dirs(tmp_path_factory):
 
 
 def launch(model_dirs, out_dir, disable=""):
-    env = dict(os.environ)
-    env.update(TRL_COMPAT_STRICT="1", TRL_COMPAT_DISABLE=disable, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
-               DS_ACCELERATOR="cpu", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           WORKER, *map(str, model_dirs), str(out_dir)]
-    proc = subprocess.run(cmd, env=env, cwd=SUPPORT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=420)
-    return Run(proc.returncode, proc.stdout, "Z3|")
+    return launch_two("zero3_reward_worker.py", *model_dirs, out_dir, marker="Z3|", disable=disable)
 
 
 def check_loaded_partitioned(run, patched):

@@ -9,9 +9,6 @@ About 20-30 s per launch on 2 cores; skipped where deepspeed or trl is missing.
 
 import importlib.metadata
 import importlib.util
-import os
-import subprocess
-import sys
 
 import trl_compat
 from trl_compat import _engine
@@ -20,9 +17,7 @@ import pytest
 from packaging.version import Version
 
 from versions import installed
-from workers import SUPPORT, Run
-
-WORKER = os.path.join(SUPPORT, "zero3_worker.py")
+from workers import launch_two
 
 UNWRAP, HOOKS_API = "zero3-unwrap", "zero3-hooks-api"
 NO_OPTIMIZER = "AttributeError: 'Qwen2ForCausalLM' object has no attribute 'optimizer'"
@@ -80,20 +75,7 @@ def model_dir(tmp_path_factory):
 
 
 def launch(model_dir, out_dir, disable=""):
-    env = dict(os.environ)
-    env.update(
-        TRL_COMPAT_STRICT="1",
-        TRL_COMPAT_DISABLE=disable,
-        OMP_NUM_THREADS="1",
-        CUDA_VISIBLE_DEVICES="",
-        DS_ACCELERATOR="cpu",
-        PYTHONUNBUFFERED="1",
-    )
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           WORKER, str(model_dir), str(out_dir)]
-    proc = subprocess.run(cmd, env=env, cwd=SUPPORT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=420)
-    return Run(proc.returncode, proc.stdout, "Z3|")
+    return launch_two("zero3_worker.py", model_dir, out_dir, marker="Z3|", disable=disable)
 
 
 def check_common(run):
