@@ -40,10 +40,15 @@ class Workspace:
     def __init__(self) -> None:
         self._use_count = _storage_users()
         self._slots: Dict[Tuple[Any, Any], List[Any]] = {}
+        self._alone: Dict[int, int] = {}  # id(buffer) -> its use count while nothing else uses it
+
+    def _users(self, flat: Any) -> int:
+        return self._use_count(flat.untyped_storage()._cdata)
 
     def _free(self, flat: Any) -> bool:
-        # 2: ``flat`` itself and the storage object made for the question
-        return self._use_count(flat.untyped_storage()._cdata) <= 2
+        # The count of a buffer nobody else uses is taken when it is made, not assumed: what the
+        # question itself adds (the storage object it creates) differs between torch releases.
+        return self._users(flat) <= self._alone[id(flat)]
 
     def empty(self, shape: Any, dtype: Any, device: Any) -> Any:
         """An uninitialised tensor of ``shape``: a reused buffer when one is free, else a fresh one."""
@@ -61,9 +66,12 @@ class Workspace:
             return slots[fits[0]][:numel].view(shape)
         flat = torch.empty(numel, dtype=dtype, device=device)
         if free:  # too small: let it go, keep the larger one
+            self._alone.pop(id(slots[free[0]]), None)
             slots[free[0]] = flat
+            self._alone[id(flat)] = self._users(flat)
         elif len(slots) < self.SLOTS:
             slots.append(flat)
+            self._alone[id(flat)] = self._users(flat)
         else:  # the receiver keeps what it got: a tensor of its own, not one we write again
             return flat.view(shape)
         return flat.view(shape)
