@@ -77,7 +77,8 @@ VERSIONS = [
 ]
 WINDOWS = sorted({spec for patch in PATCHES for spec in patch.requires.values()} | {
     ">=0", "<0.16", ">=0.15.0.dev0,<0.15.1", "<=0.15.0", ">0.15.0", "==0.15", "!=0.15.0", ">=1!0", "<0.15.0",
-    ">0.15.0.dev0", "~=0.15.0", "==0.15.*", ">=0.15.0+local", "", "lolwat",
+    ">0.15.0.dev0", "~=0.15.0", "==0.15.*", ">=0.15.0+local", "", "lolwat", "<0.15.0a0", "<0.15.0rc1",
+    ">0.15.0.post1", "<0.15.0.dev0", ">0.15.0a0", "<0.15.0.post1",
 })
 
 
@@ -107,8 +108,9 @@ def test_pep440_answers_as_packaging_or_defers(spec):
     assert answered or spec in ("", "lolwat", "~=0.15.0", "==0.15.*", ">=0.15.0+local")
 
 
-@pytest.mark.parametrize("installed", ["0.14.0", "0.15.2", "0.16.1", "0.19.1", "1.16.0", "4.48.3", "5.23.0",
-                                       "0.16.4", "0.9.1"])
+@pytest.mark.parametrize("installed", ["0.14.0", "0.15.0", "0.15.1", "0.15.2", "0.16.0", "0.16.1", "0.17.0",
+                                       "0.18.2", "0.19.0", "0.19.1", "0.20.0", "1.16.0", "4.48.3", "4.52.4",
+                                       "5.0.0", "5.23.0", "0.16.4", "0.8.5", "0.9.1"])
 def test_released_versions_need_no_packaging(installed):
     """Released versions (what the matrix cells and most users have) against every patch's
     windows are answered at start-up, without importing packaging."""

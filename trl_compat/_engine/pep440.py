@@ -4,9 +4,10 @@
 trl_compat gates every patch. This module answers only the cases where the answer is a
 plain comparison of PEP 440 sort keys, the same cases ``packaging.specifiers`` itself
 answers that way (its ``_fast_match``): ``>=``, ``<=``, ``==``, ``!=`` against a version
-without a local label, and ``<``/``>`` against a version of another release than the
-bound. Everything else (``<V`` for pre-releases of V itself, local labels, wildcards,
-``~=``, what does not parse) returns ``None``, and the caller asks ``packaging``.
+without a local label, and ``<``/``>`` against a final release or a version of another release
+than the bound (PEP 440's carve-outs for ``<V``/``>V`` only ever exclude V's own pre-, dev and
+post-releases). Everything else (those, local labels, wildcards, ``~=``, what does not parse)
+returns ``None``, and the caller asks ``packaging``.
 tests/engine/test_versions.py checks every answer against ``packaging``.
 """
 
@@ -106,8 +107,9 @@ def contains(spec: str, version: Parsed) -> Optional[bool]:
     if clauses is None or version.local is not None:
         return None
     answer = True
+    final = version.pre is None and version.dev is None and version.post is None
     for op, bound in clauses:
-        if op in ("<", ">") and version.trimmed() == bound.trimmed():
+        if op in ("<", ">") and version.trimmed() == bound.trimmed() and not final:
             return None  # PEP 440's carve-outs for V's own pre-, post- and dev releases
         mine, theirs = version.key(), bound.key()
         answer = answer and {
