@@ -23,10 +23,11 @@ IDS = [p.id for p in engine.registry()]
 
 
 def trl_namespaces():
-    """Every namespace a patch may touch: TRL's modules and their classes."""
+    """Every namespace a patch may touch: TRL's modules and their classes, and transformers'
+    modeling_utils (transformers5-warnings-issued changes PreTrainedModel)."""
     spaces = []
     for name, mod in list(sys.modules.items()):
-        if name == "trl" or name.startswith("trl."):
+        if name == "trl" or name.startswith("trl.") or name == "transformers.modeling_utils":
             spaces.append((name, mod))
             spaces += [(f"{name}.{k}", v) for k, v in vars(mod).items()
                        if isinstance(v, type) and v.__module__ == name]
