@@ -20,6 +20,16 @@ def test_warn_once_says_it_once_per_key_and_logger(caplog):
     assert caplog.records[0].funcName == "test_warn_once_says_it_once_per_key_and_logger"  # the caller, not us
 
 
+def test_warn_once_can_carry_the_traceback(caplog):
+    log = logging.getLogger("trl_compat.test_c")
+    with caplog.at_level(logging.WARNING, logger="trl_compat"):
+        try:
+            raise ValueError("the cause")
+        except ValueError:
+            assert warn_once(log, uuid.uuid4().hex, "trl_compat: failed", exc_info=True) is True
+    assert caplog.records[0].exc_info[1].args == ("the cause",)
+
+
 def test_the_engine_logs_under_the_trl_compat_logger():
     """Each engine module logs to its own name, so ``logging.getLogger("trl_compat")`` (level,
     handlers) still governs them all."""

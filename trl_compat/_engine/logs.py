@@ -12,12 +12,12 @@ _lock = threading.Lock()
 _warned: Set[Tuple[str, Hashable]] = set()
 
 
-def warn_once(logger: logging.Logger, key: Hashable, msg: str, *args: Any) -> bool:
-    """``logger.warning(msg, *args)`` the first time ``key`` comes up for ``logger`` in this
-    process; later calls with the same key say nothing. Returns whether it logged."""
+def warn_once(logger: logging.Logger, key: Hashable, msg: str, *args: Any, exc_info: bool = False) -> bool:
+    """``logger.warning(msg, *args, exc_info=...)`` the first time ``key`` comes up for ``logger``
+    in this process; later calls with the same key say nothing. Returns whether it logged."""
     with _lock:
         if (logger.name, key) in _warned:
             return False
         _warned.add((logger.name, key))
-    logger.warning(msg, *args, stacklevel=2)
+    logger.warning(msg, *args, exc_info=exc_info, stacklevel=2)
     return True

@@ -8,6 +8,7 @@ import inspect
 import logging
 from typing import Any, Dict, Optional
 
+from trl_compat._engine import warn_once
 from trl_compat._models import peel
 from trl_compat.patches.logits_to_keep.accepts import RENAME, SLICE, UNKNOWN, accepts, decide
 from trl_compat.patches.logits_to_keep.forward import LOCK, SWITCH, wrap
@@ -66,8 +67,6 @@ def wrap_entry(original, trl: TrlCall):
         # model in evaluation) and `self.ref_model`; all share their innermost model with these.
         return [getattr(self, "model", None), getattr(self, "model_wrapped", None), getattr(self, "ref_model", None)]
 
-    warned = []
-
     @functools.wraps(original)
     def entry(self, *args, **kwargs):
         if SWITCH.active is not trl:
@@ -77,11 +76,9 @@ def wrap_entry(original, trl: TrlCall):
         try:
             for model in models_in(self, args, kwargs):
                 prepare_model(model)
-        except Exception:  # never break training; TRL's own behaviour follows
-            if not warned:
-                warned.append(True)
-                log.warning("trl_compat: %s: could not prepare the model; TRL runs unchanged", PATCH_ID,
-                            exc_info=True)
+        except Exception:  # noqa: BLE001 - never break training; TRL's own behaviour follows
+            warn_once(log, "prepare", "trl_compat: %s: could not prepare the model; TRL runs unchanged", PATCH_ID,
+                      exc_info=True)
         return original(self, *args, **kwargs)
 
     return entry
