@@ -492,7 +492,7 @@ def test_dev_build_variants(tmp_path, variant):
     model = lora(tiny.make_model("qwen2"))
     with pytest.raises(ValueError, match="There is no module or parameter named 'base_model'"):
         trainer(model)._prepare_inputs([])
-    patcher = Patcher(vllm_lora_names.PATCH.id)
+    patcher = Patcher("vllm-lora-names")
     vllm_lora_names.apply(module, patcher)
     try:
         t = trainer(model)

@@ -48,7 +48,7 @@ except TrlCompatError:
 except Exception:
     if strict():
         raise
-    import logging
+    from trl_compat._engine import logs
 
-    logging.getLogger(__name__).exception("trl_compat: installing patches failed; nothing was patched")
+    logs.getLogger(__name__).exception("trl_compat: installing patches failed; nothing was patched")
     revert()

@@ -4,7 +4,6 @@ exactly as before or exactly as patched, with a clear log line.
 Every test is parametrised over the patches that apply in this cell; the others
 are skipped with the reason."""
 
-import dataclasses
 import json
 import logging
 import sys
@@ -22,16 +21,23 @@ import trl.trainer.grpo_trainer  # noqa: F401
 IDS = [p.id for p in engine.registry()]
 
 
+# What the applied patches' Patchers recorded changes on, taken now, while every one that applies in
+# this cell is on: TRL's classes, and any module or class outside TRL (transformers5-warnings-issued
+# changes transformers' PreTrainedModel).
+RECORDED = list({id(o): o for s in engine._states.values() if s.patcher for o in s.patcher.owners()}.values())
+
+
 def trl_namespaces():
-    """Every namespace a patch may touch: TRL's modules and their classes, and transformers'
-    modeling_utils (transformers5-warnings-issued changes PreTrainedModel)."""
+    """Every namespace a patch may touch: TRL's modules and their classes, and the owners recorded above."""
     spaces = []
     for name, mod in list(sys.modules.items()):
-        if name == "trl" or name.startswith("trl.") or name == "transformers.modeling_utils":
+        if name == "trl" or name.startswith("trl."):
             spaces.append((name, mod))
             spaces += [(f"{name}.{k}", v) for k, v in vars(mod).items()
                        if isinstance(v, type) and v.__module__ == name]
-    return spaces
+    seen = {id(space) for _, space in spaces}
+    return spaces + [(o.__name__ if isinstance(o, type(sys)) else f"{o.__module__}.{o.__qualname__}", o)
+                     for o in RECORDED if id(o) not in seen]
 
 
 def snapshot():
@@ -117,7 +123,7 @@ def test_a_probe_that_raises_leaves_trl_untouched(applied_patch, caplog):
     def probe(module):
         raise RuntimeError("injected probe failure")
 
-    engine._registry[pid] = dataclasses.replace(applied_patch, probe=probe)
+    engine._registry[pid] = applied_patch.replace(probe=probe)
     with caplog.at_level(logging.WARNING, logger="trl_compat"):
         trl_compat.install(pid)
     assert trl_compat.status(pid) == trl_compat.FAILED
@@ -136,7 +142,7 @@ def test_an_apply_that_raises_after_changing_things_is_rolled_back(applied_patch
         changed_by_apply.extend(differences(before, snapshot()))
         raise RuntimeError("injected apply failure")
 
-    engine._registry[pid] = dataclasses.replace(applied_patch, apply=apply)
+    engine._registry[pid] = applied_patch.replace(apply=apply)
     with caplog.at_level(logging.WARNING, logger="trl_compat"):
         trl_compat.install(pid)
     assert changed_by_apply, "the real apply changed nothing before the injected failure"

@@ -2,12 +2,17 @@
 revert, stacking, strict mode, switches. Runs in every cell, trl or not."""
 
 import importlib
+import json
 import logging
+import os
+import subprocess
+import sys
 import threading
 
 import trl_compat
 from trl_compat import _engine as engine
 from trl_compat._engine import Patch, needed, not_needed, undecided
+from trl_compat.patches import PATCHES
 
 import pytest
 
@@ -343,3 +348,39 @@ def test_an_opt_in_patch_is_disabled_until_its_switch_is_on(fake_pkg, monkeypatc
     trl_compat.revert(patch.id)
     trl_compat.install(patch.id)
     assert trl_compat.status(patch.id) == trl_compat.APPLIED and mod.Trainer().step(2) == ("patched", 2)
+
+
+# What ``import trl_compat`` must not load at start-up: each costs a good part of starting Python.
+STARTUP_FREE = ("logging", "re", "typing", "dataclasses", "inspect", "threading", "ast", "tokenize",
+                "packaging", "importlib.metadata", "torch", "trl", "transformers")
+LOADED = """
+import sys
+import trl_compat
+out = {"startup": sorted(m for m in sys.modules if m.startswith("trl_compat.patches.") or m in %r)}
+import json
+if %r:
+    import trl.trainer.grpo_trainer
+    out["after"] = sorted(m for m in sys.modules if m.startswith("trl_compat.patches."))
+    out["report"] = [[p.id, p.status, p.reason] for p in trl_compat.report()]
+print(json.dumps(out))
+""".strip()
+
+
+def test_import_loads_no_patch_module_until_its_trigger_module_is_imported(tmp_path):
+    """``import trl_compat`` reads the registry's data only: no patch module and none of the heavy
+    standard library. Importing TRL loads the modules of the patches in their window, not the rest."""
+    with_trl = importlib.util.find_spec("trl") is not None
+    env = {k: v for k, v in os.environ.items() if k not in ("TRL_COMPAT_AUTO", "PYTHONPATH")}
+    out = subprocess.run([sys.executable, "-c", LOADED % (STARTUP_FREE, with_trl)], env=env,
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    facts = json.loads(out.stdout.splitlines()[-1])
+    assert facts["startup"] == []
+    if with_trl:
+        codes = {p.id: p.code for p in PATCHES}
+        gated_out = {pid for pid, status, reason in facts["report"]
+                     if "outside the affected window" in reason or "is not installed" in reason}
+        probed = {pid for pid, status, _ in facts["report"] if status == trl_compat.APPLIED}
+        assert probed and probed.isdisjoint(gated_out)
+        assert {codes[pid] for pid in probed} <= set(facts["after"])
+        assert {codes[pid] for pid in gated_out}.isdisjoint(facts["after"])

@@ -166,3 +166,15 @@ def test_dist_version_defers_to_importlib_metadata_for_a_zip_on_sys_path(tmp_pat
         zf.writestr("zipdist-1.2.3.dist-info/METADATA", "Metadata-Version: 2.1\nName: zipdist\nVersion: 1.2.3\n\n")
     monkeypatch.setattr(sys, "path", [str(archive)] + sys.path)
     assert engine.dist_version("zipdist") == "1.2.3"
+
+
+@pytest.mark.parametrize("raw", VERSIONS + ["2.13.0+cpu", "0.8.5.post2", "1.0.dev", "0.15.0+CU1", "0.15.0.dev0.post1"])
+def test_pep440_normal_form_reader_agrees_with_the_pattern(raw):
+    """The reader that runs at start-up without ``re`` answers only for PEP 440's normal form, and
+    then exactly as the full pattern does; anything else it leaves to the pattern."""
+    normal = pep440._parse_normal(raw)
+    if normal is not None:
+        assert normal == pep440._parse_pattern(raw)
+        assert str(Version(raw)) == raw  # it is the normal form
+    else:
+        assert pep440._parse_pattern(raw) is None or str(Version(raw)) != raw

@@ -8,7 +8,7 @@ outside release F above every inside one, ``X.dev0`` and ``F.dev0`` (main-branch
 bug's first ones, and those before the fix commit) must be inside, ``F`` and ``F.rc1`` outside.
 """
 
-import sys
+import importlib
 
 from trl_compat import _engine
 from trl_compat._engine import versions as engine_versions
@@ -22,7 +22,7 @@ ANY = "99.0"  # for a dist a patch only needs installed (deepspeed ">=0")
 
 
 def declared(patch):
-    return getattr(sys.modules[patch.probe.__module__], "VERSIONS", None)
+    return getattr(importlib.import_module(patch.code), "VERSIONS", None)
 
 
 def expectations(named):
@@ -57,7 +57,8 @@ for _patch in PATCHES:
 @pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.id)
 def test_every_patch_names_its_versions(patch):
     named = declared(patch)
-    assert named is not None, f"{patch.probe.__module__} has no VERSIONS next to its PATCH"
+    assert named is not None, f"{patch.code} has no VERSIONS next to its probe"
+    assert getattr(importlib.import_module(patch.code), "PATCH_ID", patch.id) == patch.id
     for dist, spec in patch.requires.items():
         if dist not in named:
             assert Version(ANY) in SpecifierSet(spec), f"{patch.id}: {dist} {spec} needs VERSIONS"

@@ -18,13 +18,15 @@ import math
 import multiprocessing
 from collections import Counter
 
-from trl_compat.patches.dataloader_workers import PATCH, identity
+from trl_compat.patches import declared
+from trl_compat.patches.dataloader_workers import identity
 
 import pytest
 from packaging.version import Version
 
 from versions import installed
 
+PATCH = declared("dataloader-workers")
 PID = PATCH.id
 TRL, TF = installed("trl"), installed("transformers")
 HAVE_TRL = TRL is not None and importlib.util.find_spec("trl") is not None

@@ -23,7 +23,7 @@ import subprocess
 import sys
 
 import trl_compat
-from trl_compat.patches.grpo_eval_014 import PATCH
+from trl_compat.patches import declared
 
 import pytest
 from packaging.version import Version
@@ -31,6 +31,7 @@ from packaging.version import Version
 from versions import installed
 from workers import SUPPORT
 
+PATCH = declared("grpo-eval-0.14")
 PID = PATCH.id
 NO_GET = "'list' object has no attribute 'get'"
 NO_OPTIMIZER = "AttributeError: 'Qwen2ForCausalLM' object has no attribute 'optimizer'"

@@ -23,11 +23,11 @@ import uuid
 import trl_compat
 from trl_compat import _engine as engine
 from trl_compat._engine import Patch, Patcher, dist_version
-from trl_compat.patches import peft_optional
-from trl_compat.patches.peft_optional import PATCH
+from trl_compat.patches import declared, peft_optional
 
 import pytest
 
+PATCH = declared("peft-optional")
 PID = PATCH.id
 
 DECO_SRC = '''

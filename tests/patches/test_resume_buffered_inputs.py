@@ -13,13 +13,14 @@
 import importlib.util
 import math
 
-from trl_compat.patches.resume_buffered_inputs import PATCH
+from trl_compat.patches import declared
 
 import pytest
 from packaging.version import Version
 
 from versions import installed
 
+PATCH = declared("resume-buffered-inputs")
 PID = PATCH.id
 TRL = installed("trl")
 HAVE_TRL = TRL is not None and importlib.util.find_spec("trl") is not None

@@ -14,7 +14,7 @@
 import importlib.util
 
 import trl_compat
-from trl_compat.patches.reward_model_zero3 import PATCH
+from trl_compat.patches import declared
 
 import pytest
 from packaging.version import Version
@@ -22,6 +22,7 @@ from packaging.version import Version
 from versions import installed
 from workers import launch_two
 
+PATCH = declared("reward-model-zero3")
 PID = PATCH.id
 PADDING_IDX = "AssertionError: Padding_idx must be within num_embeddings"
 

@@ -14,13 +14,14 @@ import math
 from collections import Counter
 
 from trl_compat import _engine
-from trl_compat.patches.train_sampler_signature import PATCH
+from trl_compat.patches import declared
 
 import pytest
 from packaging.version import Version
 
 from versions import installed
 
+PATCH = declared("train-sampler-signature")
 PID = PATCH.id
 EXACT = "GRPOTrainer._get_train_sampler() takes 1 positional argument but 2 were given"
 

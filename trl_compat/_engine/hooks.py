@@ -10,14 +10,18 @@ wrapt's does; the engine's hook waits for that import itself.
 
 from __future__ import annotations
 
+import _thread
 import sys
-import threading
-from types import ModuleType
-from typing import Any, Callable, Dict, List
 
-_lock = threading.RLock()
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any, Callable, Dict, List
+
+# _thread, not threading: this runs at interpreter start-up, and threading is not loaded yet there
+_lock = _thread.RLock()
 _hooks: Dict[str, List[Callable[[ModuleType], None]]] = {}
-_searching = threading.local()  # names this thread's finder is asking the others about
+_searching = _thread._local()  # names this thread's finder is asking the others about
 
 
 def when_imported(name: str, hook: Callable[[ModuleType], None]) -> None:

@@ -5,12 +5,7 @@ installed and reverted in."""
 
 from __future__ import annotations
 
-import importlib
-import logging
-from types import ModuleType
-from typing import Any, Callable, List, Optional
-
-from trl_compat._engine import hooks
+from trl_compat._engine import hooks, logs
 from trl_compat._engine.patch import (
     APPLIED,
     CONFLICT,
@@ -21,7 +16,7 @@ from trl_compat._engine.patch import (
     REVERTED,
     TARGET_MISSING,
     UNDECIDED,
-    Patch,
+    SourceUnavailable,
 )
 from trl_compat._engine.patcher import AlreadyPatched, Patcher
 from trl_compat._engine.state import (
@@ -38,9 +33,15 @@ from trl_compat._engine.state import (
     switched_on,
 )
 from trl_compat._engine.versions import gate
-from trl_compat._source import SourceUnavailable
 
-log = logging.getLogger(__name__)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any, Callable, List, Optional
+
+    from trl_compat._engine.patch import Patch
+
+log = logs.getLogger(__name__)
 
 
 def install(*ids: str) -> None:
@@ -82,6 +83,8 @@ def _make_hook(patch_id: str, generation: int) -> Callable[[ModuleType], None]:
             # The hook fires as soon as the module is in sys.modules, possibly while
             # another thread is still executing it. import_module waits for that
             # thread (outside our lock: it may need our lock for its own hooks).
+            import importlib
+
             try:
                 module = importlib.import_module(module.__name__)
             except Exception:  # noqa: BLE001 - its import failed: nothing to patch

@@ -1,13 +1,11 @@
-"""What a patch is: its declaration, what its probe may say, the statuses it can be in."""
+"""What a patch is: its declaration, what its probe may say, the statuses it can be in.
+
+Plain classes, not dataclasses: this runs at interpreter start-up, where ``dataclasses`` (and
+the ``inspect`` it imports) would cost more than trl_compat's own code."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, NamedTuple, Optional
-
-if TYPE_CHECKING:
-    from trl_compat._engine.patcher import Patcher
+import sys
 
 # Statuses a patch can be in; the report shows them verbatim.
 PENDING = "pending"  # in window, waiting for its trigger module to be imported
@@ -29,11 +27,23 @@ class TrlCompatError(RuntimeError):
     """Raised instead of degrading quietly when ``TRL_COMPAT_STRICT=1``."""
 
 
-class Verdict(NamedTuple):
-    """What a probe found. ``needed`` is True, False, or None (cannot tell)."""
+class SourceUnavailable(LookupError):
+    """The source of the probed object cannot be read; the message says why (the patch is "undecided")."""
 
-    needed: Optional[bool]
-    reason: str
+
+class Verdict(tuple):
+    """What a probe found: ``(needed, reason)``; ``needed`` is True, False, or None (cannot tell)."""
+
+    __slots__ = ()
+
+    def __new__(cls, needed: bool | None, reason: str) -> Verdict:
+        return tuple.__new__(cls, (needed, reason))
+
+    needed = property(lambda self: self[0])
+    reason = property(lambda self: self[1])
+
+    def __repr__(self) -> str:
+        return f"Verdict(needed={self[0]!r}, reason={self[1]!r})"
 
 
 def needed(reason: str) -> Verdict:
@@ -48,33 +58,86 @@ def undecided(reason: str) -> Verdict:
     return Verdict(None, reason)
 
 
-@dataclass(frozen=True)
-class Patch:
-    id: str
-    summary: str
-    upstream: str
-    module: str  # importing this module triggers the patch
-    target: str  # dotted path inside ``module``; must resolve before probing
-    requires: Mapping[str, str]  # distribution -> PEP 440 specifier set
-    probe: Callable[[ModuleType], Verdict]
-    apply: Callable[[ModuleType, "Patcher"], None]
-    remove_when: str = ""
-    # An environment variable that must be on for the patch to apply (a fix that changes the
-    # training objective): off, a patch whose probe finds the bug reports "disabled".
-    opt_in: str = ""
+class _Record:
+    """Fields, equality and ``repr`` from ``FIELDS`` (name -> default; ``...``: required)."""
+
+    FIELDS: dict = {}
+
+    def __init__(self, **values) -> None:
+        unknown = set(values) - set(self.FIELDS)
+        missing = [name for name, default in self.FIELDS.items() if default is ... and name not in values]
+        if unknown or missing:
+            raise TypeError(f"{type(self).__name__}: unknown fields {sorted(unknown)}, missing {missing}")
+        for name, default in self.FIELDS.items():
+            value = values.get(name, default)
+            object.__setattr__(self, name, dict(value) if isinstance(value, dict) else value)
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.FIELDS}
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.as_dict() == self.as_dict()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.as_dict().items())})"
 
 
-@dataclass
-class PatchStatus:
+class Patch(_Record):
+    """One patch, declared as data (``trl_compat/patches/__init__.py``).
+
+    ``module``: importing it triggers the patch; ``target``: a dotted path inside it that must
+    resolve before probing; ``requires``: distribution -> PEP 440 window; ``opt_in``: an
+    environment variable that must be on for the patch to apply (a fix that changes the training
+    objective; off, a patch whose probe finds the bug reports "disabled").
+
+    ``probe(module) -> Verdict`` and ``apply(module, patcher)`` are given as functions, or as
+    ``code``, the module that defines both: it is imported only once the trigger module is, so
+    that ``import trl_compat`` stays cheap."""
+
+    FIELDS = {"id": ..., "summary": ..., "upstream": ..., "module": ..., "target": ..., "requires": ...,
+              "probe": None, "apply": None, "code": "", "remove_when": "", "opt_in": ""}
+
+    def __init__(self, **values) -> None:
+        super().__init__(**values)
+        if self.code:
+            object.__setattr__(self, "probe", _Deferred(self.code, "probe"))
+            object.__setattr__(self, "apply", _Deferred(self.code, "apply"))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"a Patch is fixed once declared; use .replace({name}=...) for a changed copy")
+
+    def replace(self, **changes) -> Patch:
+        values = dict(self.as_dict(), **changes)
+        if "probe" in changes or "apply" in changes:
+            values["code"] = ""
+            for name in ("probe", "apply"):
+                values[name] = getattr(values[name], "function", values[name])
+        elif self.code:
+            values["probe"] = values["apply"] = None
+        return Patch(**values)
+
+
+class _Deferred:
+    """``code``'s function ``name``, imported at the first call."""
+
+    def __init__(self, code: str, name: str) -> None:
+        self.code, self.name = code, name
+
+    @property
+    def function(self):
+        __import__(self.code)
+        return getattr(sys.modules[self.code], self.name)
+
+    def __call__(self, *args, **kwargs):
+        return self.function(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<{self.code}.{self.name}, imported when called>"
+
+
+class PatchStatus(_Record):
     """One line of ``report()``."""
 
-    id: str
-    status: str
-    reason: str
-    versions: Dict[str, Optional[str]] = field(default_factory=dict)
-    target: str = ""
-    summary: str = ""
-    upstream: str = ""
-
-    def as_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+    FIELDS = {"id": ..., "status": ..., "reason": ..., "versions": {}, "target": "", "summary": "", "upstream": ""}

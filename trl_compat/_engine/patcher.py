@@ -4,11 +4,15 @@ copy of trl_compat (vendored and installed, or reloaded) never wraps twice."""
 
 from __future__ import annotations
 
-import logging
-from types import ModuleType
-from typing import Any, Callable, List
+import sys
 
-log = logging.getLogger(__name__)
+from trl_compat._engine import logs
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, List
+
+log = logs.getLogger(__name__)
 
 MARKER = "__trl_compat_patch__"
 
@@ -76,6 +80,10 @@ class Patcher:
     def touched(self) -> frozenset:
         return frozenset((id(owner), name) for owner, name, _, _ in self._changes if owner is not None)
 
+    def owners(self) -> List[Any]:
+        """The modules and classes whose attributes this patch set."""
+        return list({id(o): o for o, _, _, _ in self._changes if o is not None}.values())
+
     def changed(self) -> List[str]:
         """The attributes this patch set, as dotted names (the report's target)."""
         return list(dict.fromkeys(_qualified(o, n) for o, n, _, _ in self._changes if o is not None))
@@ -102,6 +110,6 @@ class Patcher:
 
 
 def _qualified(owner: Any, name: str) -> str:
-    if isinstance(owner, ModuleType):
+    if isinstance(owner, type(sys)):  # a module
         return f"{owner.__name__}.{name}"
     return f"{getattr(owner, '__module__', '?')}.{getattr(owner, '__qualname__', type(owner).__name__)}.{name}"

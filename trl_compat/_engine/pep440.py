@@ -13,11 +13,13 @@ tests/engine/test_versions.py checks every answer against ``packaging``.
 
 from __future__ import annotations
 
-import re
-from typing import Dict, NamedTuple, Optional, Sequence, Tuple
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, Optional, Sequence, Tuple
 
-# PEP 440, appendix B (what packaging.version.VERSION_PATTERN is on Python < 3.11.5).
-_VERSION = re.compile(r"""
+# PEP 440, appendix B (what packaging.version.VERSION_PATTERN is on Python < 3.11.5): for what is
+# not in normal form. Compiled on first use: ``re`` is not loaded when Python starts.
+_VERSION = r"""
     \s*v?
     (?:
         (?:(?P<epoch>[0-9]+)!)?
@@ -28,19 +30,29 @@ _VERSION = re.compile(r"""
     )
     (?:\+(?P<local>[a-z0-9]+(?:[-_\.][a-z0-9]+)*))?
     \s*
-""", re.VERBOSE | re.IGNORECASE | re.ASCII)
+"""
+_compiled = []
 
 _PRE_RANK = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "pre": 2, "preview": 2, "rc": 2}
-_CLAUSE = re.compile(r"\s*(>=|<=|==|!=|<|>)\s*([0-9][^\s,*+]*)\s*")
+_OPERATORS = (">=", "<=", "==", "!=", "<", ">")  # two-character ones first
 
 
-class Parsed(NamedTuple):
-    epoch: int
-    release: Tuple[int, ...]
-    pre: Optional[Tuple[int, int]]  # (rank: a=0, b=1, rc=2; number)
-    post: Optional[int]
-    dev: Optional[int]
-    local: Optional[str]
+class Parsed:
+    """The parts of a version: ``pre`` is ``(rank: a=0, b=1, rc=2; number)``."""
+
+    __slots__ = ("epoch", "release", "pre", "post", "dev", "local")
+
+    def __init__(self, epoch: int, release: Tuple[int, ...], pre: Optional[Tuple[int, int]],
+                 post: Optional[int], dev: Optional[int], local: Optional[str]) -> None:
+        self.epoch, self.release, self.pre, self.post, self.dev, self.local = epoch, release, pre, post, dev, local
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Parsed) and all(getattr(self, f) == getattr(other, f) for f in self.__slots__)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return "Parsed(" + ", ".join(f"{f}={getattr(self, f)!r}" for f in self.__slots__) + ")"
 
     @property
     def base_version(self) -> str:
@@ -76,7 +88,16 @@ _parsed: Dict[str, Optional[Parsed]] = {}  # every patch's window names the same
 
 
 def _parse(text: str) -> Optional[Parsed]:
-    match = _VERSION.fullmatch(text)
+    normal = _parse_normal(text)
+    return normal if normal is not None else _parse_pattern(text)
+
+
+def _parse_pattern(text: str) -> Optional[Parsed]:
+    if not _compiled:
+        import re
+
+        _compiled.append(re.compile(_VERSION, re.VERBOSE | re.IGNORECASE | re.ASCII))
+    match = _compiled[0].fullmatch(text)
     if match is None:
         return None
     g = match.group
@@ -89,14 +110,48 @@ def _parse(text: str) -> Optional[Parsed]:
     )
 
 
+def _number(text: str) -> Optional[int]:
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
+def _parse_normal(text: str) -> Optional[Parsed]:
+    """A version in PEP 440's normal form, ``[N!]N(.N)*[{a|b|rc}N][.postN][.devN][+local]``, read
+    without ``re`` (pip writes that form into METADATA; the windows are written in it); None
+    for any other spelling, which the full pattern reads."""
+    public, plus, local = text.partition("+")
+    if plus and not all(part.isascii() and part.isalnum() and part == part.lower() for part in local.split(".")):
+        return None
+    epoch, has_epoch, public = public.rpartition("!")
+    public, has_dev, dev = public.partition(".dev")
+    public, has_post, post = public.partition(".post")
+    *release, last = public.split(".")
+    pre_rank, pre = None, ""
+    for label, rank in (("rc", 2), ("a", 0), ("b", 1)):
+        if label in last:
+            last, _, pre = last.partition(label)
+            pre_rank = rank
+            break
+    numbers = [_number(part) for part in release + [last] + ([epoch] if has_epoch else [])]
+    suffixes = {name: _number(value) for name, value, present in
+                (("pre", pre, pre_rank is not None), ("post", post, has_post), ("dev", dev, has_dev)) if present}
+    if None in numbers or None in suffixes.values():
+        return None
+    return Parsed(numbers.pop() if has_epoch else 0, tuple(numbers), None if pre_rank is None else (pre_rank, suffixes["pre"]),
+                  suffixes.get("post"), suffixes.get("dev"), local if plus else None)
+
+
 def _clauses(spec: str) -> Optional[Sequence[Tuple[str, Parsed]]]:
     clauses = []
     for part in spec.split(","):
-        match = _CLAUSE.fullmatch(part)
-        bound = parse(match.group(2)) if match else None
-        if bound is None:
+        part = part.strip()
+        op = next((op for op in _OPERATORS if part.startswith(op)), "")
+        bound = part[len(op):].strip()
+        if not op or not bound[:1].isdigit() or any(c.isspace() or c in "*+" for c in bound):
             return None
-        clauses.append((match.group(1), bound))
+        parsed = parse(bound)
+        if parsed is None:
+            return None
+        clauses.append((op, parsed))
     return clauses
 
 

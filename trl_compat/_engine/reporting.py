@@ -4,12 +4,17 @@ what has changed around it since: its class replaced, or overridden in a subclas
 
 from __future__ import annotations
 
-from types import ModuleType
-from typing import List
-
 from trl_compat._engine.lifecycle import _foreign_owner
-from trl_compat._engine.patch import APPLIED, Patch, PatchStatus
-from trl_compat._engine.state import _lock, _registry, _State, _states
+from trl_compat._engine.patch import APPLIED, PatchStatus
+from trl_compat._engine.state import _lock, _registry, _states
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import List
+
+    from trl_compat._engine.patch import Patch
+    from trl_compat._engine.state import _State
 
 
 def report() -> List[PatchStatus]:

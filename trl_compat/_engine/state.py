@@ -3,32 +3,33 @@ and the one place a status is set (and logged, and raised on under ``TRL_COMPAT_
 
 from __future__ import annotations
 
-import logging
+import _thread
 import os
-import threading
-from dataclasses import dataclass, field
-from types import ModuleType
-from typing import Dict, List, Optional, Sequence
 
-from trl_compat._engine.patch import _TROUBLE, APPLIED, PENDING, Patch, TrlCompatError
-from trl_compat._engine.patcher import Patcher
+from trl_compat._engine import logs
+from trl_compat._engine.patch import _TROUBLE, APPLIED, PENDING, TrlCompatError
 
-log = logging.getLogger(__name__)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Sequence
+
+    from trl_compat._engine.patch import Patch
+
+log = logs.getLogger(__name__)
 
 
-@dataclass
 class _State:
-    status: str = PENDING
-    reason: str = ""
-    versions: Dict[str, Optional[str]] = field(default_factory=dict)
-    generation: int = 0  # bumped by revert(): hooks from older generations do nothing
-    patcher: Optional[Patcher] = None
-    module: Optional[ModuleType] = None
-    touched: frozenset = frozenset()  # (id(owner), name) it changed when last applied; kept after revert
-    changed: List[str] = field(default_factory=list)  # the same, as dotted names, for the report
+    def __init__(self) -> None:
+        self.status, self.reason = PENDING, ""
+        self.versions = {}  # distribution -> installed version (None: not installed)
+        self.generation = 0  # bumped by revert(): hooks from older generations do nothing
+        self.patcher = None  # the Patcher of the applied patch
+        self.module = None  # the trigger module, once imported
+        self.touched = frozenset()  # (id(owner), name) it changed when last applied; kept after revert
+        self.changed = []  # the same, as dotted names, for the report
 
 
-_lock = threading.RLock()
+_lock = _thread.RLock()
 _registry: Dict[str, Patch] = {}
 _states: Dict[str, _State] = {}
 

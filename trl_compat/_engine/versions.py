@@ -11,12 +11,16 @@ pre-release of a window's own bound) goes to ``importlib.metadata`` and ``packag
 from __future__ import annotations
 
 import os
-import re
 import sys
-from typing import Dict, Optional
 
 from trl_compat._engine import pep440
-from trl_compat._engine.patch import FAILED, NOT_NEEDED, UNKNOWN_VERSION, Patch
+from trl_compat._engine.patch import FAILED, NOT_NEEDED, UNKNOWN_VERSION
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, Optional
+
+    from trl_compat._engine.patch import Patch
 
 _ASK_IMPORTLIB = object()
 
@@ -35,7 +39,11 @@ def dist_version(dist: str) -> Optional[str]:
 
 
 def _normalise(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
+    """PEP 503's name normalisation (runs of ``-_.`` to one ``_``, lower case), without ``re``."""
+    name = name.lower().replace("-", "_").replace(".", "_")
+    while "__" in name:
+        name = name.replace("__", "_")
+    return name
 
 
 def _scan(dist: str):

@@ -16,11 +16,15 @@ Both end in :func:`activate`, which records how this process got trl_compat;
 
 from __future__ import annotations
 
-import logging
 import os
 import site
 import sys
-from typing import Dict, List, Mapping, Optional
+
+from trl_compat._engine import logs
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Mapping, Optional
 
 SWITCH = "TRL_COMPAT_AUTO"
 ON_VALUES = ("1", "true", "yes", "on")
@@ -42,7 +46,7 @@ def activate(how: str) -> None:
     global _how
     if _how is None:
         _how = how
-        logging.getLogger(__name__).debug("trl_compat: activated at start-up by the %s", how)
+        logs.getLogger(__name__).debug("trl_compat: activated at start-up by the %s", how)
 
 
 def this_process() -> str:

@@ -38,7 +38,7 @@ import functools
 import inspect
 import threading
 
-from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._engine import needed, not_needed, undecided
 from trl_compat._source import code, defining_class
 
 PATCH_ID = "dataloader-workers"
@@ -144,18 +144,3 @@ def apply(module, patcher):
 
 # The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.17.0", "0.18.1", "0.18.2", "0.19.0.dev0"], "outside": ["0.19.0"]}}
-
-
-PATCH = Patch(
-    id=PATCH_ID,
-    summary="dataloader_num_workers >= 1: seed_worker gets num_workers and rank (TRL 0.17-0.18.1 x "
-            "transformers >= 4.52) and the collator pickles for spawn workers",
-    upstream="https://github.com/huggingface/trl/pull/3568 (issues #3544, #2979, #3567; fixed in 0.18.2)",
-    module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer",
-    # Up to 0.19.0: 0.18.2 holds the fix (the probe finds it), 0.19.0.dev0 builds may not.
-    requires={"trl": affected("0.14.0", "0.19.0")},
-    probe=probe,
-    apply=apply,
-    remove_when="trl_compat no longer supports TRL < 0.18.2",
-)

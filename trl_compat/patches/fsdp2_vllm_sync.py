@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import sys
 
-from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._engine import needed, not_needed, undecided
 from trl_compat._source import code, defining_class
 
 METHOD = "_sync_fsdp_params_to_vllm"
@@ -155,16 +155,3 @@ def apply(module, patcher):
 
 # The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.18.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.17.0", "0.20.0"]}}
-
-
-PATCH = Patch(
-    id="fsdp2-vllm-sync",
-    summary="use_vllm + FSDP2: no weight reached vLLM (FSDP1-only sync); send the full FSDP2 weights",
-    upstream="https://github.com/huggingface/trl/pull/3687 (fixed in 0.20.0; reported in PR #3670)",
-    module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer",
-    requires={"trl": affected("0.18.0", "0.20.0")},
-    probe=probe,
-    apply=apply,
-    remove_when="TRL 0.18.x and 0.19.x are no longer supported",
-)

@@ -50,7 +50,7 @@ import functools
 import logging
 from collections import defaultdict
 
-from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._engine import needed, not_needed, undecided
 from trl_compat._source import code, defining_class, syntax
 
 logger = logging.getLogger(__name__)
@@ -163,17 +163,3 @@ def apply(module, patcher) -> None:
 
 # The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0.dev0"], "outside": ["0.15.0", "0.16.0"]}}
-
-
-PATCH = Patch(
-    id=PATCH_ID,
-    summary="GRPO evaluation on TRL 0.14.0: prediction_step computes the GRPO loss (no AttributeError); "
-            "eval_loss, eval_reward, ... logged apart from the training metrics",
-    upstream="https://github.com/huggingface/trl/pull/2694 (fixed in 0.15.0; metrics split by mode in 0.16.0)",
-    module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer",  # log and prediction_step fall back to Trainer's: the class is what must exist
-    requires={"trl": affected("0.14.0", "0.15.0")},
-    probe=probe,
-    apply=apply,
-    remove_when="trl_compat no longer supports TRL 0.14.x (and 0.15.0.dev0 installs older than PR #2694)",
-)

@@ -37,7 +37,7 @@ import inspect
 import numbers
 
 from trl_compat import _logps_calls
-from trl_compat._engine import Patch, affected, needed, undecided
+from trl_compat._engine import needed, undecided
 
 PATCH_ID = "logps-attention-mask"
 _KEEP = ("num_logits_to_keep", "logits_to_keep")
@@ -116,16 +116,3 @@ def apply(module, patcher) -> None:
 
 # The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0.dev0"], "outside": ["0.15.0"]}}
-
-
-PATCH = Patch(
-    id=PATCH_ID,
-    summary="pass the attention mask to TRL 0.14.0's policy and reference log-prob forwards",
-    upstream="https://github.com/huggingface/trl/pull/2708 (fixed in 0.15.0)",
-    module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer",  # compute_loss is inherited from Trainer once removed: the class is what must exist
-    requires={"trl": affected("0.14.0", "0.15.0")},
-    probe=probe,
-    apply=apply,
-    remove_when="TRL 0.14.0 is no longer supported",
-)

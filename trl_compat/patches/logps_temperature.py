@@ -34,7 +34,7 @@ import functools
 import inspect
 
 from trl_compat import _logps_calls
-from trl_compat._engine import Patch, affected, needed
+from trl_compat._engine import needed
 
 PATCH_ID = "logps-temperature"
 SWITCH = "TRL_COMPAT_LOGPS_TEMPERATURE"
@@ -98,17 +98,3 @@ def apply(module, patcher) -> None:
 
 # The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}}
-
-
-PATCH = Patch(
-    id=PATCH_ID,
-    summary=f"opt-in ({SWITCH}=1): compute GRPO log-probs at the sampling temperature, as TRL 0.16 does",
-    upstream="https://github.com/huggingface/trl/pull/3029 (fixed in 0.16.0)",
-    module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer",
-    requires={"trl": affected("0.14.0", "0.16.0")},
-    probe=probe,
-    apply=apply,
-    opt_in=SWITCH,
-    remove_when="TRL 0.15.x is no longer supported",
-)

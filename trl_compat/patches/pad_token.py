@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import re
 
-from trl_compat._engine import Patch, affected, needed, not_needed
+from trl_compat._engine import needed, not_needed
 from trl_compat._source import code
 from trl_compat._trainer_init import around_init
 
@@ -82,14 +82,4 @@ def _after(trainer, arguments) -> None:
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.16.1", "0.17.0.dev0"], "outside": ["0.17.0"]}}
 
 
-PATCH = Patch(
-    id=PATCH_ID,
-    summary="tokenizer without a pad token: use its EOS token as pad token, as TRL 0.17 does",
-    upstream="https://github.com/huggingface/trl/issues/3287 (fixed by PR #3290 in 0.17.0)",
-    module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer",
-    requires={"trl": affected("0.14.0", "0.17.0")},
-    probe=probe,
-    apply=around_init(before=_before, after=_after),
-    remove_when="TRL 0.16.x is no longer supported",
-)
+apply = around_init(before=_before, after=_after)

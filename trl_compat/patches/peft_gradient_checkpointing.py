@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 
-from trl_compat._engine import Patch, affected, needed, not_needed
+from trl_compat._engine import needed, not_needed
 from trl_compat._source import code, defining_class
 from trl_compat._trainer_init import around_init
 
@@ -69,14 +69,4 @@ def _after(trainer, arguments) -> None:
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}}
 
 
-PATCH = Patch(
-    id=PATCH_ID,
-    summary="LoRA + reentrant gradient checkpointing: make the embedding output require grad, as TRL 0.16 does",
-    upstream="https://github.com/huggingface/trl/issues/2671 (fixed by PR #2848 in 0.16.0)",
-    module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer",
-    requires={"trl": affected("0.14.0", "0.16.0"), "peft": ">=0.0.dev0"},
-    probe=probe,
-    apply=around_init(after=_after),
-    remove_when="TRL 0.15.x is no longer supported",
-)
+apply = around_init(after=_after)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 
-from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._engine import needed, not_needed, undecided
 from trl_compat._source import code
 
 PATCH_ID = "resume-buffered-inputs"
@@ -76,17 +76,3 @@ def apply(module, patcher):
 
 # The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.16.0", "0.16.1", "0.17.0.dev0"], "outside": ["0.15.2", "0.17.0"]}}
-
-
-PATCH = Patch(
-    id=PATCH_ID,
-    summary="resume_from_checkpoint with num_iterations > 1: the first resumed steps got None inputs "
-            "(TypeError); generate when the buffer is empty, as TRL 0.17.0 does",
-    upstream="https://github.com/huggingface/trl/pull/3148 (fixed in 0.17.0)",
-    module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer",  # _prepare_inputs is inherited from transformers' Trainer where TRL has none
-    requires={"trl": affected("0.16.0", "0.17.0")},
-    probe=probe,
-    apply=apply,
-    remove_when="trl_compat no longer supports TRL 0.16.x",
-)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 
 from trl_compat import _zero3
-from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._engine import needed, not_needed, undecided
 from trl_compat._source import code
 
 PATCH_ID = "reward-model-zero3"
@@ -80,17 +80,3 @@ def apply(module, patcher):
 
 # The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.16.1", "0.17.0.dev0"], "outside": ["0.17.0"]}}
-
-
-PATCH = Patch(
-    id=PATCH_ID,
-    summary="DeepSpeed ZeRO-3: a model given as reward function was left partitioned and its first forward "
-            "failed (Padding_idx must be within num_embeddings); prepare it with prepare_deepspeed",
-    upstream="https://github.com/huggingface/trl/issues/3202 (fixed by PR #3326 in 0.17.0)",
-    module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer",
-    requires={"trl": affected("0.14.0", "0.17.0"), "deepspeed": ">=0"},
-    probe=probe,
-    apply=apply,
-    remove_when="trl_compat no longer supports TRL < 0.17.0",
-)

@@ -35,7 +35,7 @@ The fix
 Why a separate patch from transformers5-use-cache and transformers5-warnings-issued: the
 triggers differ. This one must fire on ``trl.import_utils`` before ``trl.trainer.grpo_trainer``
 can even be imported; the others change what ``GRPOTrainer.__init__`` uses after that module has
-loaded. The three share their window (``_transformers5``).
+loaded. The three share their window (``TRANSFORMERS5`` in ``trl_compat/patches/__init__.py``).
 
 Remove this patch when trl_compat no longer supports TRL < 0.20 on transformers >= 5 (TRL 0.29.0+
 does not import transformers' helper).
@@ -44,7 +44,6 @@ does not import transformers' helper).
 from __future__ import annotations
 
 from trl_compat._engine import needed, not_needed
-from trl_compat.patches import _transformers5
 
 
 def tuple_flags(module) -> dict:
@@ -73,14 +72,4 @@ def apply(module, patcher):
 # The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 # 0.20 is where trl_compat's support ends, not a fix: 0.20.0.dev0 builds have the bug and get the fix.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0", "0.29.0"]},
-            "transformers": _transformers5.TRANSFORMERS_VERSIONS}
-
-PATCH = _transformers5.patch(
-    id="transformers5-import",
-    summary="TRL < 0.20 on transformers 5: optional-package flags are truthy tuples, so `from trl import GRPOTrainer` fails",
-    upstream="https://github.com/huggingface/trl/pull/5129 (TRL 0.29.0 stops using transformers' _is_package_available)",
-    module="trl.import_utils",
-    target="_is_package_available",
-    probe=probe,
-    apply=apply,
-)
+            "transformers": {"inside": ["5.0.0"], "outside": ["4.57.0"]}}

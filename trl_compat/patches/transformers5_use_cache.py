@@ -37,7 +37,6 @@ from __future__ import annotations
 
 from trl_compat._engine import needed, not_needed, undecided
 from trl_compat._source import code
-from trl_compat.patches import _transformers5
 
 PATCH_ID = "transformers5-use-cache"
 USE_CACHE_PATTERN = 'model_init_kwargs.get("use_cache")'
@@ -96,14 +95,4 @@ def apply(module, patcher):
 # The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 # 0.20.0.dev0 builds carry 0.19's __init__ up to PR #3072 (56f4201db).
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0"]},
-            "transformers": _transformers5.TRANSFORMERS_VERSIONS}
-
-PATCH = _transformers5.patch(
-    id=PATCH_ID,
-    summary="TRL < 0.20 on transformers 5: GRPOTrainer(model=<path>) passes use_cache=None, which configs reject",
-    upstream="none for TRL 0.14-0.19; TRL 0.20's model loading rewrite (PR #3072) no longer passes use_cache=None",
-    module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer",  # the fix replaces the module's AutoModelForCausalLM; TRL's class must be there
-    probe=probe,
-    apply=apply,
-)
+            "transformers": {"inside": ["5.0.0"], "outside": ["4.57.0"]}}

@@ -31,7 +31,6 @@ import functools
 
 from trl_compat._engine import needed, not_needed
 from trl_compat._source import code
-from trl_compat.patches import _transformers5
 
 WARNINGS_PATTERN = "warnings_issued["
 
@@ -72,14 +71,4 @@ def apply(module, patcher):
 # The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 # 0.20 is where trl_compat's support ends; the line itself stays up to 0.28.0.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0", "0.28.0"]},
-            "transformers": _transformers5.TRANSFORMERS_VERSIONS}
-
-PATCH = _transformers5.patch(
-    id="transformers5-warnings-issued",
-    summary="TRL < 0.20 on transformers 5: GRPOTrainer.__init__ sets model.warnings_issued, which is gone",
-    upstream="https://github.com/huggingface/trl/pull/4960 (removed the line in 0.28.0)",
-    module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer",  # the fix is on transformers' PreTrainedModel; TRL's class must be there
-    probe=probe,
-    apply=apply,
-)
+            "transformers": {"inside": ["5.0.0"], "outside": ["4.57.0"]}}

@@ -27,7 +27,7 @@ stripped). This changes what vLLM generates for those prompts: after one BOS, as
 from __future__ import annotations
 
 from trl_compat import vllm_prompts
-from trl_compat._engine import affected, needed, not_needed
+from trl_compat._engine import needed, not_needed
 
 
 def _judge(name, source):
@@ -49,11 +49,6 @@ def probe(module):
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0"]}}
 
 
-PATCH = vllm_prompts.prompt_patch(
-    vllm_prompts.DOUBLE_BOS,
-    probe,
-    trl=affected("0.14.0", "0.20.0"),
-    summary="use_vllm: vLLM added a second BOS (the tokenizer's) to chat-templated prompts training tokenised with one",
-    upstream="https://github.com/huggingface/trl/issues/3853 (fixed in 0.24.0 by PR #4152)",
-    remove_when="TRL < 0.24 is no longer supported",
-)
+
+def apply(module, patcher):
+    vllm_prompts.wrap_generation(module, patcher, vllm_prompts.DOUBLE_BOS)

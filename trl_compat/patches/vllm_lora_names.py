@@ -30,7 +30,7 @@ Remove this patch when trl_compat no longer supports TRL < 0.15.0.
 
 from __future__ import annotations
 
-from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._engine import needed, not_needed, undecided
 from trl_compat._source import code
 
 SEND = "load_weights("
@@ -75,16 +75,3 @@ def apply(module, patcher):
 
 # The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0.dev0"], "outside": ["0.15.0", "0.15.1"]}}
-
-PATCH = Patch(
-    id="vllm-lora-names",
-    summary="LoRA + use_vllm: PEFT names and unmerged weights went to vLLM ('no module or parameter "
-            "named base_model'); send base names and merged weights instead",
-    upstream="https://github.com/huggingface/trl/issues/2698 (fixed by PR #2725 in 0.15.0; merged values in 0.15.1)",
-    module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer",
-    requires={"trl": affected("0.14.0", "0.15.0")},
-    probe=probe,
-    apply=apply,
-    remove_when="TRL < 0.15.0 is no longer supported",
-)

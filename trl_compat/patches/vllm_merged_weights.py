@@ -25,7 +25,7 @@ older than PR #2873).
 
 from __future__ import annotations
 
-from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._engine import needed, not_needed, undecided
 from trl_compat._source import code, normalise
 
 SENDS = ("load_weights(", "update_named_param(")
@@ -59,16 +59,3 @@ def apply(module, patcher):
 # The fix was released in 0.15.1 (where the probe finds it) and landed on main as 0.16.0.dev0.
 VERSIONS = {"trl": {"inside": ["0.15.0", "0.15.0.dev0", "0.15.1", "0.15.2", "0.16.0.dev0"],
                     "outside": ["0.14.0", "0.16.0"]}}
-
-PATCH = Patch(
-    id="vllm-merged-weights",
-    summary="LoRA + use_vllm: vLLM got the base weights (unmerge ran before load_weights); "
-            "send merged weights computed out of place instead",
-    upstream="https://github.com/huggingface/trl/issues/2856 (fixed by PR #2873 in 0.15.1)",
-    module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer._move_model_to_vllm",
-    requires={"trl": affected("0.15.0", "0.16.0")},
-    probe=probe,
-    apply=apply,
-    remove_when="TRL < 0.15.1 is no longer supported",
-)

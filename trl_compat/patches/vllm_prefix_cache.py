@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._engine import needed, not_needed, undecided
 from trl_compat._source import code
 
 log = logging.getLogger(__name__)
@@ -86,15 +86,3 @@ def apply(module, patcher):
 
 # The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.15.0", "0.15.1", "0.15.2", "0.16.0.dev0"], "outside": ["0.14.0", "0.16.0"]}}
-
-PATCH = Patch(
-    id="vllm-prefix-cache",
-    summary="use_vllm: vLLM's prefix cache kept KV from older weights after each sync; reset it",
-    upstream="https://github.com/huggingface/trl/issues/3024 (fixed in 0.16.0)",
-    module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer._move_model_to_vllm",
-    requires={"trl": affected("0.15.0", "0.16.0")},
-    probe=probe,
-    apply=apply,
-    remove_when="TRL 0.15.x is no longer supported",
-)

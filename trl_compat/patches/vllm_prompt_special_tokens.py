@@ -27,7 +27,7 @@ special tokens, as the loss sees it.
 from __future__ import annotations
 
 from trl_compat import vllm_prompts
-from trl_compat._engine import affected, needed, not_needed
+from trl_compat._engine import needed, not_needed
 
 
 def _judge(name, source):
@@ -48,11 +48,6 @@ def probe(module):
 VERSIONS = {"trl": {"inside": ["0.19.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.18.2", "0.20.0"]}}
 
 
-PATCH = vllm_prompts.prompt_patch(
-    vllm_prompts.SPECIAL_TOKENS,
-    probe,
-    trl=affected("0.19.0", "0.20.0"),
-    summary="use_vllm: TRL 0.19.0 stripped chat-template tokens and BOS from every vLLM prompt",
-    upstream="https://github.com/huggingface/trl/issues/3644 (fixed in 0.19.1 by PRs #3651, #3698)",
-    remove_when="TRL 0.19.0 is no longer supported",
-)
+
+def apply(module, patcher):
+    vllm_prompts.wrap_generation(module, patcher, vllm_prompts.SPECIAL_TOKENS)

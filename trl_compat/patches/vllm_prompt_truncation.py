@@ -28,7 +28,7 @@ those prompts only: from the prompt the loss is computed on.
 from __future__ import annotations
 
 from trl_compat import vllm_prompts
-from trl_compat._engine import affected, needed, not_needed, undecided
+from trl_compat._engine import needed, not_needed, undecided
 
 
 def _judge(name, source):
@@ -53,11 +53,6 @@ def probe(module):
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.18.2", "0.19.0.dev0"], "outside": ["0.19.0"]}}
 
 
-PATCH = vllm_prompts.prompt_patch(
-    vllm_prompts.TRUNCATION,
-    probe,
-    trl=affected("0.14.0", "0.19.0"),
-    summary="use_vllm: vLLM generated from the untruncated prompt, the loss saw its last max_prompt_length ids",
-    upstream="https://github.com/huggingface/trl/issues/3569 (fixed in 0.19.0 by PR #3601)",
-    remove_when="TRL < 0.19 is no longer supported",
-)
+
+def apply(module, patcher):
+    vllm_prompts.wrap_generation(module, patcher, vllm_prompts.TRUNCATION)

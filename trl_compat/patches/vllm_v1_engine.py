@@ -41,7 +41,7 @@ import logging
 import os
 import sys
 
-from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._engine import needed, not_needed, undecided
 from trl_compat._source import code
 
 log = logging.getLogger(__name__)
@@ -133,16 +133,3 @@ def apply(module, patcher):
 # The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]},
             "vllm": {"inside": ["0.8.0", "0.8.5.post2", "0.10.2"], "outside": ["0.7.2"]}}
-
-
-PATCH = Patch(
-    id="vllm-v1-engine",
-    summary="use_vllm on vLLM >= 0.8: V1 engine has no llm_engine.model_executor; default VLLM_USE_V1=0",
-    upstream="https://github.com/huggingface/trl/issues/3115 (never fixed in-process; server mode in 0.16.0)",
-    module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer",
-    requires={"trl": affected("0.14.0", "0.16.0"), "vllm": affected("0.8.0")},
-    probe=probe,
-    apply=apply,
-    remove_when="TRL 0.14.x and 0.15.x are no longer supported",
-)

@@ -43,7 +43,7 @@ from __future__ import annotations
 import functools
 
 from trl_compat import _zero3
-from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._engine import needed, not_needed, undecided
 from trl_compat._source import code
 
 OLD, NEW = _zero3.OLD, _zero3.NEW
@@ -87,20 +87,3 @@ def apply(module, patcher) -> None:
 # The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]},
             "deepspeed": {"inside": ["0.16.4"], "outside": []}}
-
-
-PATCH = Patch(
-    id="zero3-hooks-api",
-    summary="unwrapping a ZeRO-3 engine re-registers its hooks with the method the installed DeepSpeed has",
-    upstream=(
-        "https://github.com/deepspeedai/DeepSpeed/pull/6847 renamed _register_hooks_recursively "
-        "(DeepSpeed 0.16.4); TRL handles both names from 0.16.0"
-    ),
-    module="trl.models.utils",
-    target="add_hooks",
-    # deepspeed: any installed one; the probe reads which method name it has.
-    requires={"trl": affected("0.14.0", "0.16.0"), "deepspeed": ">=0"},
-    probe=probe,
-    apply=apply,
-    remove_when="trl_compat drops support for TRL < 0.16.0",
-)

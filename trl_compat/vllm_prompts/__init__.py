@@ -33,7 +33,7 @@ A prompt that needs no correction is passed on untouched, so a run that has none
 generates what it generated without trl_compat.
 
 Here: finding the generation method, wrapping it, and what the three patch modules share
-(:func:`probe_generation`, :func:`prompt_patch`); the corrections themselves are in ``handoff``.
+(:func:`probe_generation`, :func:`wrap_generation`); the corrections themselves are in ``handoff``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import contextlib
 import functools
 from typing import Any, Callable, Optional
 
-from trl_compat._engine import Patch, Verdict, undecided
+from trl_compat._engine import Verdict, undecided
 from trl_compat._source import code, defining_class
 from trl_compat.vllm_prompts.handoff import DOUBLE_BOS, SPECIAL_TOKENS, TRUNCATION, Handoff  # noqa: F401
 
@@ -103,26 +103,6 @@ def probe_generation(module, judge: Callable[[str, Any], Verdict]) -> Verdict:
     if name is None:
         return undecided("no GRPOTrainer method calls self.llm.generate / self.vllm_client.generate")
     return judge(name, code(getattr(cls, name)))
-
-
-def prompt_patch(fix: str, probe: Callable, *, trl: str, summary: str, upstream: str, remove_when: str) -> Patch:
-    """The ``Patch`` of one of the three prompt fixes: applied by :func:`wrap_generation`, triggered by
-    the GRPO trainer's module, only where vLLM is installed."""
-
-    def apply(module, patcher) -> None:
-        wrap_generation(module, patcher, fix)
-
-    return Patch(
-        id=fix,
-        summary=summary,
-        upstream=upstream,
-        module="trl.trainer.grpo_trainer",
-        target="GRPOTrainer",
-        requires={"trl": trl, "vllm": ">=0"},
-        probe=probe,
-        apply=apply,
-        remove_when=remove_when,
-    )
 
 
 # -- the instance wrappers ---------------------------------------------------------------------

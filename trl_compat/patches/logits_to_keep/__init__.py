@@ -80,7 +80,7 @@ from __future__ import annotations
 
 import functools
 
-from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._engine import needed, not_needed, undecided
 from trl_compat.patches.logits_to_keep.accepts import (  # noqa: F401 - the patch's names, for tests and tools
     MATCH,
     RENAME,
@@ -141,23 +141,3 @@ def apply(module, patcher) -> None:
 # The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0", "0.18.2", "0.19.0", "0.19.1", "0.20.0.dev0"],
                     "outside": ["0.20.0"]}}
-
-PATCH = Patch(
-    id=PATCH_ID,
-    summary="pass TRL's logits_to_keep/num_logits_to_keep under the name the model takes, else keep the last K logits",
-    upstream=(
-        "https://github.com/huggingface/trl/issues/2770 (name mismatch; PR #2773 added a fallback slice in 0.15.0, "
-        "PR #3553 removed it in 0.19.0); transformers PR #37149 removed num_logits_to_keep in 4.52"
-    ),
-    module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer",
-    # 0.20 renamed the entry point (_get_per_token_logps_and_entropies) and requires transformers>=4.53.2;
-    # its 0.20.0.dev0 builds before PR #3563 carry 0.19's code: the probe tells them apart.
-    requires={"trl": affected("0.14.0", "0.20.0")},
-    probe=probe,
-    apply=apply,
-    remove_when=(
-        "trl_compat drops TRL < 0.20, or requires transformers >= 4.49 for TRL 0.15-0.18 and no longer supports "
-        "TRL 0.14.0/0.19.x with models whose forward lacks logits_to_keep"
-    ),
-)

@@ -53,7 +53,7 @@ import inspect
 import sys
 import types
 
-from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._engine import needed, not_needed, undecided
 from trl_compat._trainer_init import around_init
 from trl_compat.patches.peft_optional.scan import GUARD, PEFT_NAMES, scan, where  # noqa: F401
 from trl_compat.patches.peft_optional.stand_ins import (  # noqa: F401 - the stand-ins, for tests and tools
@@ -108,20 +108,3 @@ def apply(module: types.ModuleType, patcher) -> None:
 
 # The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0.dev0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}}
-
-
-PATCH = Patch(
-    id="peft-optional",
-    summary="GRPO without peft installed: 'is this a PeftModel?' is no, and peft_config raises a clear ImportError early",
-    upstream=(
-        "https://github.com/huggingface/trl/issues/2849 (PeftModel NameError from PR #2725, fixed by PR #2850/#2818 "
-        "before 0.15.0); get_peft_model NameError fixed by PR #2848 in 0.16.0"
-    ),
-    module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer",  # the class: __init__ can never be missing (it is inherited)
-    # main reported 0.16.0.dev0 for five days before PR #2848 added the guard: the probe decides.
-    requires={"trl": affected("0.14.0", "0.16.0")},
-    probe=probe,
-    apply=apply,
-    remove_when="trl_compat drops support for TRL < 0.16.0 (and 0.16.0.dev0 installs older than PR #2848)",
-)

@@ -48,9 +48,9 @@ from __future__ import annotations
 import functools
 import inspect
 
-from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._engine import needed, not_needed, undecided
 from trl_compat.patches.train_sampler_signature.calls import SAMPLERS, findings, signature_text
-from trl_compat.patches.train_sampler_signature.sampler import PATCH_ID, wrap
+from trl_compat.patches.train_sampler_signature.sampler import wrap
 
 
 def probe(module):
@@ -91,19 +91,3 @@ def apply(module, patcher) -> None:
 # The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.15.0", "0.16.1", "0.17.0.dev0"], "outside": ["0.14.0", "0.17.0", "0.18.0"]},
             "transformers": {"inside": ["4.52.0"], "outside": ["4.51.3"]}}
-
-PATCH = Patch(
-    id=PATCH_ID,
-    summary="GRPOTrainer._get_train_sampler accepts the dataset transformers >= 4.52 passes (train() no longer "
-            "dies with TypeError); the grouped RepeatRandomSampler is unchanged",
-    upstream=(
-        "transformers PR #38090 (4.52: sampler_fn(dataset)) and #38226; "
-        "fixed in TRL by PR #3283 (0.17.0, own get_train_dataloader) and PR #3488 (0.18.0, dataset argument)"
-    ),
-    module="trl.trainer.grpo_trainer",
-    target="GRPOTrainer",  # the override it wraps is inherited from Trainer once removed: the class is what must exist
-    requires={"trl": affected("0.15.0", "0.17.0"), "transformers": affected("4.52.0")},
-    probe=probe,
-    apply=apply,
-    remove_when="trl_compat no longer supports TRL < 0.17.0 (and 0.17.0.dev0 installs older than PR #3283)",
-)

@@ -70,9 +70,9 @@ import sys
 import types
 import weakref
 
-from trl_compat._engine import Patch, affected, needed, not_needed, undecided
+from trl_compat._engine import needed, not_needed, undecided
 from trl_compat._source import Code, SourceUnavailable, code, normalise
-from trl_compat.patches.zero3_unwrap.wrapper import PATCH_ID, has_guard, wrap_unwrap
+from trl_compat.patches.zero3_unwrap.wrapper import has_guard, wrap_unwrap
 
 NAME = "unwrap_model_for_generation"
 BARE_CALL = "unwrap_model_for_generation(self.model,"
@@ -138,21 +138,3 @@ def apply(module, patcher) -> None:
 
 # The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
 VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0.dev0", "0.15.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}}
-
-PATCH = Patch(
-    id=PATCH_ID,
-    summary=(
-        "under ZeRO-3, unwrapping the bare module uses its DeepSpeed engine: no AttributeError, hooks really "
-        "removed during generation and restored (also on error)"
-    ),
-    upstream=(
-        "https://github.com/huggingface/trl/issues/2782 (crash; guard in PR #2776, 0.15.0); "
-        "hooks left in place fixed by PR #2871 in 0.16.0"
-    ),
-    module="trl.models.utils",
-    target=NAME,
-    requires={"trl": affected("0.14.0", "0.16.0"), "deepspeed": ">=0"},
-    probe=probe,
-    apply=apply,
-    remove_when="trl_compat drops support for TRL < 0.16.0 (and 0.16.0.dev0 installs older than PR #2871)",
-)
