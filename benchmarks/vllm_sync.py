@@ -298,7 +298,9 @@ def _reading_it(rows):
         "parameter (past `load_weights` and its name mapping) could get below that bound. The floor row "
         f"measures it: one fused `addmm` per LoRA weight into a reused buffer costs {ratios(FLOOR)}; what "
         f"it takes beyond the {1 + share:.2f}x of traffic is mostly the rank-16 product itself (2 x 16 "
-        "flops per weight element, on one CPU thread) and, in bfloat16, its float32 math. trl_compat is at "
+        "flops per weight element, on one CPU thread; aside from this run, `B @ A` of an MLP weight into a "
+        "reused buffer took 3x as long as copying that weight) and, in bfloat16, its float32 math. "
+        "trl_compat is at "
         f"{ratios('trl_compat')}. The rest of its gap to the floor is PEFT's arithmetic, which the floor "
         "does not keep: PEFT rounds `B @ A`, then `* scaling`, then `W + delta`; fused, the sum is rounded "
         "once" + (f" ({'; '.join(inexact)})" if inexact else "")
