@@ -233,8 +233,14 @@ def _lora_bias():
     return model
 
 
+def _scaled(alpha, base=torch.float32, adapters=None):
+    """r=8: scaling alpha / 8 (2.0 is folded into B, 1.5 and 0.5 are not)."""
+    model = lora(dtype=base, lora_alpha=alpha)
+    return _adapters_to(model, adapters) if adapters is not None else model
+
+
 LORA_CASES = {
-    "fp32": lambda: lora(),
+    "fp32": lambda: lora(),  # r=8, alpha=16: scaling 2, folded into B
     # PEFT keeps half-precision adapters in float32 by default (autocast_adapter_dtype):
     "bf16-base-bf16-adapters": lambda: _adapters_to(lora(dtype=torch.bfloat16), torch.bfloat16),
     "fp16-base-fp16-adapters": lambda: _adapters_to(lora(dtype=torch.float16), torch.float16),
@@ -243,6 +249,10 @@ LORA_CASES = {
     "fp32-base-bf16-adapters": lambda: _adapters_to(lora(), torch.bfloat16),
     "llama": lambda: lora(tiny.make_model("llama")),
     "scaling-one": lambda: lora(lora_alpha=8),  # r=8: scaling 1.0, the multiply is skipped
+    **{f"scaling-{alpha / 8}-{name}": (lambda alpha=alpha, dtypes=dtypes: _scaled(alpha, *dtypes))
+       for alpha in (32, 12, 4)  # 4.0 (folded), 1.5 and 0.5 (not)
+       for name, dtypes in (("fp32", ()), ("bf16-base-fp32-adapters", (torch.bfloat16,)),
+                            ("bf16", (torch.bfloat16, torch.bfloat16)))},
     "second-adapter-active-rslora": lambda: _two_adapters("b"),
     "two-adapters-active": lambda: _two_adapters("both"),
     "already-merged": _already_merged,
@@ -279,6 +289,65 @@ def test_lora_merged_is_not_base():
     got = dict(vllm_sync.iter_vllm_weights(model))
     base = model.base_model.model.model.layers[1].mlp.down_proj.base_layer.weight
     assert (got["model.layers.1.mlp.down_proj.weight"] - base).abs().max() > 1e-2
+
+
+DTYPES = {"fp32": (), "bf16-base-fp32-adapters": (torch.bfloat16, torch.float32),
+          "bf16": (torch.bfloat16, torch.bfloat16)}
+
+
+@needs_peft
+@pytest.mark.parametrize("dtypes", list(DTYPES))
+@pytest.mark.parametrize("alpha, folded", [(16, True), (32, True), (8, False), (12, False), (4, False)])
+def test_scaling_folded_into_b_only_when_a_power_of_two_above_one(alpha, folded, dtypes, monkeypatch):
+    """r=8: scaling 2 and 4 are applied to B (out x r) instead of the weight-sized ``B @ A``;
+    1, 1.5 and 0.5 are not. Either way vLLM gets PEFT's bits."""
+    from trl_compat.vllm_sync import merge
+
+    answers = []
+    real = merge.fold_is_exact
+    monkeypatch.setattr(merge, "fold_is_exact", lambda *args: answers.append(real(*args)) or answers[-1])
+    model = _scaled(alpha, *DTYPES[dtypes])
+    check_stream(model)
+    lora_layers = [m for m in model.modules() if hasattr(m, "lora_A") and m.lora_A]
+    assert len(answers) == len(lora_layers) > 0  # asked once per LoRA weight
+    assert set(answers) == {folded}
+
+
+# Adapters for which ``(B * scaling) @ A`` is NOT PEFT's ``(B @ A) * scaling``: (scaling, A's and
+# B's value, or None for PEFT's random init, adapter dtypes where the fold would change the bits;
+# with bfloat16 adapters a float32 ulp apart rarely survives the rounding to bfloat16).
+FOLD_TRAPS = {
+    "scaling-1.5": (1.5, None, None, ("fp32",)),  # B * 1.5 rounds
+    "scaling-rslora-16/sqrt(8)": (16 / 8**0.5, None, None, ("fp32",)),
+    "scaling-0.5-B-goes-subnormal": (0.5, 1.0, (1 + 2**-23) * 2**-126, ("fp32",)),
+    "scaling-2-products-subnormal": (2.0, 2**-74, 1.375 * 2**-75, ("fp32",)),
+    "scaling-2-B-times-scaling-overflows": (2.0, 2**-10, 1.5 * 2**127, ("fp32", "bf16")),
+}
+
+
+@needs_peft
+@pytest.mark.parametrize("trap, adapters", [(t, d) for t, v in FOLD_TRAPS.items() for d in v[3]])
+def test_scaling_not_folded_where_that_changes_bits(trap, adapters):
+    from trl_compat.vllm_sync import fold, merge
+
+    scaling, a_value, b_value, _ = FOLD_TRAPS[trap]
+    model = _adapters_to(lora(), torch.float32 if adapters == "fp32" else torch.bfloat16)
+    layer = model.base_model.model.model.layers[0].self_attn.q_proj
+    layer.scaling["default"] = scaling
+    with torch.no_grad():
+        layer.base_layer.weight.zero_()  # the merged weight is the delta: no bit of it hidden by W
+        if a_value is not None:
+            layer.lora_A["default"].weight.fill_(a_value)
+            layer.lora_B["default"].weight.fill_(b_value)
+    weight_a, weight_b = (layer.lora_A["default"].weight.detach().float(),
+                          layer.lora_B["default"].weight.detach().float())  # PEFT's CPU math
+    peft_delta = copy.deepcopy(layer).get_delta_weight("default")
+    assert not torch.equal(((weight_b * scaling) @ weight_a).to(peft_delta.dtype), peft_delta)  # a real trap
+    assert not fold.fold_is_exact(weight_a, weight_b, scaling)
+    for workspace in (None, merge.Workspace()):
+        assert torch.equal(merge._lora_delta(layer, "default", False, workspace), peft_delta)
+    got = check_stream(model, formula=False)  # vLLM gets PEFT's merged bits, the model untouched
+    assert torch.equal(got["model.layers.0.self_attn.q_proj.weight"], peft_delta)
 
 
 @needs_peft

@@ -27,8 +27,9 @@ fall back to upstream TRL 0.15.1's in-place merge (PEFT models, with a warning) 
 own code (anything else).
 
 Modules: ``structure`` (which module sends what: the plan), ``merge`` (the merged tensors),
-``stream`` (the plan walked into ``load_weights``, gathered under ZeRO-3 through
-:mod:`trl_compat._zero3`; the in-place fallback), ``trainer`` (what the patches install).
+``fold`` (when ``merge`` may scale B instead of ``B @ A``: the same bits), ``stream`` (the plan
+walked into ``load_weights``, gathered under ZeRO-3 through :mod:`trl_compat._zero3`; the
+in-place fallback), ``trainer`` (what the patches install).
 No torch/peft/deepspeed import at module level: ``import trl_compat`` stays light.
 """
 

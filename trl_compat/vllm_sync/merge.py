@@ -7,6 +7,8 @@ import copy
 import warnings
 from typing import Any, Dict, List, Tuple
 
+from trl_compat.vllm_sync.fold import fold_is_exact
+
 # Module attributes holding hook dicts: a private copy of a layer must not carry the
 # training model's hooks (DeepSpeed, accelerate) along.
 _HOOK_DICTS = (
@@ -96,6 +98,10 @@ def _lora_delta(layer: Any, adapter: str, embedding: bool, workspace: Any = None
     cast_to_fp32 = device.type == "cpu" and dtype in (torch.float16, torch.bfloat16)
     if cast_to_fp32:
         weight_a, weight_b = weight_a.float(), weight_b.float()
+    scaling = layer.scaling[adapter]
+    folded = fold_is_exact(weight_a, weight_b, scaling)
+    if folded:  # PEFT scales the weight-sized product; scaling B (out x r) saves that pass, same bits
+        weight_b = weight_b * scaling
     if (workspace is not None and weight_a.dim() == 2 and weight_b.dim() == 2
             and weight_a.dtype == weight_b.dtype and weight_a.device == weight_b.device):
         # the same mm kernel as ``weight_b @ weight_a``, written into a reused buffer
@@ -105,8 +111,7 @@ def _lora_delta(layer: Any, adapter: str, embedding: bool, workspace: Any = None
         delta = weight_b @ weight_a
     if fan_in_fan_out:
         delta = delta.T
-    scaling = layer.scaling[adapter]
-    if scaling != 1 or workspace is None:  # ``x * 1.0`` is x: skip a pass over the weight
+    if not folded and (scaling != 1 or workspace is None):  # ``x * 1.0`` is x: skip that pass
         delta.mul_(scaling)  # in place: same bits as PEFT's ``* scaling``
     if cast_to_fp32:
         delta = delta.to(dtype=dtype)
