@@ -3,7 +3,7 @@
 * ``plain (no LoRA)``: the same base model without an adapter, synced as TRL syncs a model
   without PEFT: ``load_weights(model.state_dict().items())``. The limit a LoRA sync is
   measured against (target: trl_compat within 1.3x of its time).
-* ``trl_compat``: :func:`trl_compat.vllm_sync.push_to_vllm`, merged tensors computed out
+* ``trl_compat``: :func:`trl_compat._helpers.vllm_sync.push_to_vllm`, merged tensors computed out
   of place, one layer at a time, streamed into ``load_weights``.
 * ``floor: fused addmm (not PEFT's arithmetic)``: each LoRA weight sent as one
   ``torch.addmm(W, B * scaling, A)`` into a reused buffer (for a bfloat16 ``W``: float32 math, as
@@ -106,7 +106,7 @@ def sync_plain(model, receiver):
 
 
 def sync_trl_compat(model, receiver):
-    from trl_compat.vllm_sync import push_to_vllm
+    from trl_compat._helpers.vllm_sync import push_to_vllm
 
     push_to_vllm(model, receiver)
 
@@ -307,7 +307,7 @@ def _reading_it(rows):
         + (f"; in {' and '.join(exact)} the floor happened to give PEFT's bits, because this BLAS adds `W` "
            "after the rank-16 sum, which no API promises" if exact else "") + ". "
         "With a scaling that is a power of two above 1 (alpha = 2r, as here) trl_compat multiplies B "
-        "(out x r) instead of the weight-sized product: PEFT's bits (trl_compat/vllm_sync/fold.py gives the "
+        "(out x r) instead of the weight-sized product: PEFT's bits (trl_compat/_helpers/vllm_sync/fold.py gives the "
         "bounds on A and B that rule out overflow and subnormals; otherwise PEFT's order), one pass over "
         "each LoRA weight less. Measured on 2026-11-23 in one process, interleaved, 9 rounds, with the fold "
         "switched off and on: 4.47x to 4.33x in float32, 8.96x to 8.14x in bfloat16 (3% and 9% of the "

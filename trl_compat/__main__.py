@@ -24,14 +24,14 @@ def collect() -> dict:
     """Import each pending patch's trigger module so its probe runs, then report."""
     import_errors = {}
     for patch in registry():
-        if trl_compat.status(patch.id) == PENDING and patch.module not in import_errors:
+        if trl_compat.status(patch.id) == PENDING and patch.trigger not in import_errors:
             try:
                 # Libraries print banners on import (DeepSpeed: "Setting accelerator to CPU");
                 # keep stdout for the report so --json stays parseable.
                 with contextlib.redirect_stdout(sys.stderr):
-                    importlib.import_module(patch.module)
+                    importlib.import_module(patch.trigger)
             except Exception as exc:  # noqa: BLE001 - that is what the report is for
-                import_errors[patch.module] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                import_errors[patch.trigger] = f"{type(exc).__name__}: {exc}".splitlines()[0]
     records = []
     for rec in trl_compat.report():
         row = rec.as_dict()

@@ -66,7 +66,7 @@ def make_patch(wrap_step):
              requires=None):
         patch = Patch(
             id=pid or "test-" + uuid.uuid4().hex[:6], summary="test patch", upstream="none",
-            module=module, target=target, requires=requires or {}, probe=probe, apply=apply or wrap_step,
+            trigger=module, must_exist=target, requires=requires or {}, probe=probe, apply=apply or wrap_step,
         )
         engine.register(patch)
         return patch

@@ -85,14 +85,14 @@ def unpatched_snapshot(pid):
 
 def owner_and_attr(patch):
     """Where the target lives: (object holding it in its __dict__, attribute name)."""
-    obj = sys.modules[patch.module]
-    parts = patch.target.split(".")
+    obj = sys.modules[patch.trigger]
+    parts = patch.must_exist.split(".")
     for part in parts[:-1]:
         obj = getattr(obj, part)
     for holder in getattr(obj, "__mro__", (obj,)):
         if parts[-1] in vars(holder):
             return holder, parts[-1]
-    raise AssertionError(f"{patch.target} not found")
+    raise AssertionError(f"{patch.must_exist} not found")
 
 
 @pytest.mark.parametrize("applied_patch", IDS, indirect=True)
@@ -169,7 +169,7 @@ def test_revert_then_reapply(applied_patch):
 
 
 GRPO_PATCHES = [p.id for p in engine.registry()
-                if p.module == "trl.trainer.grpo_trainer" and p.target.split(".")[0] == "GRPOTrainer"]
+                if p.trigger == "trl.trainer.grpo_trainer" and p.must_exist.split(".")[0] == "GRPOTrainer"]
 
 
 @pytest.mark.parametrize("applied_patch", GRPO_PATCHES, indirect=True)
@@ -190,13 +190,13 @@ def test_an_unsloth_style_replacement_is_a_conflict(applied_patch, caplog):
         module.GRPOTrainer = original
 
 
-METHOD_PATCHES = [p.id for p in engine.registry() if p.target.startswith("GRPOTrainer.")]
+METHOD_PATCHES = [p.id for p in engine.registry() if p.must_exist.startswith("GRPOTrainer.")]
 
 
 @pytest.mark.parametrize("applied_patch", METHOD_PATCHES, indirect=True)
 def test_a_user_subclass_that_overrides_the_target_is_reported(applied_patch):
-    attr = applied_patch.target.split(".", 1)[1]
-    module = sys.modules[applied_patch.module]
+    attr = applied_patch.must_exist.split(".", 1)[1]
+    module = sys.modules[applied_patch.trigger]
     sub = type("MyGRPOTrainer", (module.GRPOTrainer,), {attr: lambda self, *a, **k: None, "__module__": "user_code"})
     reason = {r.id: r.reason for r in trl_compat.report()}[applied_patch.id]
     assert "user_code.MyGRPOTrainer" in reason and "super()" in reason

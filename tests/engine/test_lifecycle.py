@@ -121,7 +121,7 @@ def test_a_patch_applied_for_the_first_time_goes_below_later_ones(fake_pkg, monk
     us") and a re-install finds its marker and skips ("already patched")."""
     mod = importlib.import_module(fake_pkg)
     monkeypatch.delenv("TEST_TRL_COMPAT_LATE", raising=False)
-    late = Patch(id="test-late", summary="", upstream="", module=fake_pkg, target="Trainer.step", requires={},
+    late = Patch(id="test-late", summary="", upstream="", trigger=fake_pkg, must_exist="Trainer.step", requires={},
                  probe=lambda m: needed("bug found"), apply=_tagging("late"), opt_in="TEST_TRL_COMPAT_LATE")
     engine.register(late)
     upper = make_patch(fake_pkg, apply=_tagging("upper"))
@@ -334,7 +334,7 @@ def test_on_undo_runs_on_revert_and_on_rollback(fake_pkg, make_patch):
 def test_an_opt_in_patch_is_disabled_until_its_switch_is_on(fake_pkg, monkeypatch, caplog, wrap_step):
     mod = importlib.import_module(fake_pkg)
     monkeypatch.delenv("TEST_TRL_COMPAT_OPT_IN", raising=False)
-    patch = Patch(id="test-opt-in", summary="", upstream="", module=fake_pkg, target="Trainer.step", requires={},
+    patch = Patch(id="test-opt-in", summary="", upstream="", trigger=fake_pkg, must_exist="Trainer.step", requires={},
                   probe=lambda m: needed("bug found"), apply=wrap_step, opt_in="TEST_TRL_COMPAT_OPT_IN")
     engine.register(patch)
     with caplog.at_level(logging.INFO, logger="trl_compat"):
@@ -377,7 +377,7 @@ def test_import_loads_no_patch_module_until_its_trigger_module_is_imported(tmp_p
     facts = json.loads(out.stdout.splitlines()[-1])
     assert facts["startup"] == []
     if with_trl:
-        codes = {p.id: p.code for p in PATCHES}
+        codes = {p.id: p.impl for p in PATCHES}
         gated_out = {pid for pid, _, in_window in facts["report"] if not in_window}
         applied = {pid for pid, status, _ in facts["report"] if status == trl_compat.APPLIED}  # none on the newest TRL
         assert {codes[pid] for pid in applied} <= set(facts["after"])

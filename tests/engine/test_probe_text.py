@@ -8,7 +8,7 @@ import textwrap
 import types
 import uuid
 
-from trl_compat import _zero3
+from trl_compat._helpers import zero3
 from trl_compat.patches import (
     transformers5_use_cache,
     transformers5_warnings_issued,
@@ -68,7 +68,7 @@ def test_hooks_api_new_name_in_a_comment_is_still_needed(tmp_path, monkeypatch):
             optimizer_offload._register_hooks_recursively(optimizer_offload.module)
     ''')
     renamed = type("DeepSpeedZeRoOffload", (), {zero3_hooks_api.NEW: lambda self, module: None})
-    monkeypatch.setattr(_zero3, "offload_class", lambda: renamed)
+    monkeypatch.setattr(zero3, "offload_class", lambda: renamed)
     verdict = zero3_hooks_api.probe(module)
     assert verdict.needed is True, verdict.reason
 
@@ -148,7 +148,7 @@ def test_transformers5_warnings_issued_in_code_is_seen(tmp_path, monkeypatch):
 
 
 def test_a_class_built_at_run_time_is_undecided_with_the_reason():
-    from trl_compat._source import SourceUnavailable
+    from trl_compat._helpers.source import SourceUnavailable
 
     module = types.ModuleType("tcprose_runtime")
     exec("class GRPOTrainer:\n    def _move_model_to_vllm(self):\n        pass\n", vars(module))

@@ -22,7 +22,7 @@ ANY = "99.0"  # for a dist a patch only needs installed (deepspeed ">=0")
 
 
 def declared(patch):
-    return getattr(importlib.import_module(patch.code), "VERSIONS", None)
+    return getattr(importlib.import_module(patch.impl), "VERSIONS", None)
 
 
 def expectations(named):
@@ -57,8 +57,8 @@ for _patch in PATCHES:
 @pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.id)
 def test_every_patch_names_its_versions(patch):
     named = declared(patch)
-    assert named is not None, f"{patch.code} has no VERSIONS next to its probe"
-    assert getattr(importlib.import_module(patch.code), "PATCH_ID", patch.id) == patch.id
+    assert named is not None, f"{patch.impl} has no VERSIONS next to its probe"
+    assert getattr(importlib.import_module(patch.impl), "PATCH_ID", patch.id) == patch.id
     for dist, spec in patch.requires.items():
         if dist not in named:
             assert Version(ANY) in SpecifierSet(spec), f"{patch.id}: {dist} {spec} needs VERSIONS"

@@ -32,7 +32,7 @@ needs_fsdp2_window = pytest.mark.skipif(
 
 @pytest.mark.skipif(not TRL_AFFECTED, reason="the FSDP1-only sync exists in trl 0.18/0.19 only")
 def test_the_probe_reads_trls_fsdp1_only_sync():
-    from trl_compat._source import code
+    from trl_compat._helpers.source import code
 
     import trl.trainer.grpo_trainer as grpo
 

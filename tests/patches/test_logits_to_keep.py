@@ -26,7 +26,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 import trl_compat
-from trl_compat._models import peel
+from trl_compat._helpers.models import peel
 from trl_compat.patches import logits_to_keep as ltk
 
 from packaging.version import Version

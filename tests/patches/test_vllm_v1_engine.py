@@ -67,7 +67,7 @@ def grpo_module():
 
 @pytest.mark.skipif(TRL is None, reason="trl is not installed")
 def test_trl_half_of_the_probe_on_the_real_source():
-    from trl_compat._source import code
+    from trl_compat._helpers.source import code
 
     grpo = grpo_module()
     assert vllm_v1_engine.trl_reaches_model_executor(grpo) is TRL_IN_PROCESS

@@ -25,11 +25,11 @@ KEEP = ("num_logits_to_keep", "logits_to_keep")
 
 def trl_logps_function_code():
     """The code object of the installed TRL's log-prob function (where it calls the models)."""
-    from trl_compat import _logps_calls
+    from trl_compat._helpers import logps_calls
 
     from trl.trainer.grpo_trainer import GRPOTrainer
 
-    caller = _logps_calls.find(GRPOTrainer)
+    caller = logps_calls.find(GRPOTrainer)
     assert caller is not None
     return caller.raw
 

@@ -1,6 +1,6 @@
 """vllm-prompt-truncation and vllm-double-bos against a REAL vLLM engine (the vllm-cpu-real cell).
 
-``tests/test_vllm_prompts.py`` proves both patches with the stand-in; here the real engine
+``tests/helpers/test_vllm_prompts.py`` proves both patches with the stand-in; here the real engine
 (vllm-cpu 0.8.5.post2, V0) tokenises the prompt texts itself, with its own tokenizer loaded from
 the checkpoint, and the ids it ran are read back from what it returns
 (``RequestOutput.prompt_token_ids`` of every ``LLM.generate`` of the run). Each test is a 2-step GRPO
@@ -37,7 +37,7 @@ if real_vllm.DEVICE != "cpu":
 pytest.importorskip("trl")
 
 import trl_compat
-from trl_compat import vllm_prompts
+from trl_compat._helpers import vllm_prompts
 
 import grpo_run
 import tiny

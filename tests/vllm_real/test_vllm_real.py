@@ -32,8 +32,8 @@ if real_vllm.skip_reason():
 pytest.importorskip("peft")
 
 import trl_compat
-from trl_compat import vllm_sync
-from trl_compat._models import peel
+from trl_compat._helpers import vllm_sync
+from trl_compat._helpers.models import peel
 
 import tiny
 

@@ -41,7 +41,7 @@ pytest.importorskip("trl")
 pytest.importorskip("peft")
 
 import trl_compat
-from trl_compat._models import peel
+from trl_compat._helpers.models import peel
 
 import grpo_run
 import tiny

@@ -70,11 +70,11 @@ def install(*ids: str) -> None:
                 _set(patch, status, reason)
                 continue
             state.generation += 1
-            state.status, state.reason = PENDING, f"waiting for `import {patch.module}`"
+            state.status, state.reason = PENDING, f"waiting for `import {patch.trigger}`"
             to_hook.append((patch, state.generation))
     # Outside our lock: the hook fires right here if the module is already loaded.
     for patch, generation in to_hook:
-        hooks.when_imported(patch.module, _make_hook(patch.id, generation))
+        hooks.when_imported(patch.trigger, _make_hook(patch.id, generation))
 
 
 def _make_hook(patch_id: str, generation: int) -> Callable[[ModuleType], None]:
@@ -108,7 +108,7 @@ def _resolve_target(module: ModuleType, dotted: str) -> Any:
 
 def _foreign_owner(patch: Patch, module: ModuleType) -> Optional[str]:
     """Name the class that replaced the module's own one (Unsloth does this), if any."""
-    owner = getattr(module, patch.target.split(".")[0], None)
+    owner = getattr(module, patch.must_exist.split(".")[0], None)
     if isinstance(owner, type) and owner.__module__ != module.__name__:
         return f"{owner.__module__}.{owner.__qualname__}"
     return None
@@ -117,15 +117,15 @@ def _foreign_owner(patch: Patch, module: ModuleType) -> Optional[str]:
 def _resolve(patch: Patch, module: ModuleType) -> None:
     _states[patch.id].module = module
     try:
-        _resolve_target(module, patch.target)
+        _resolve_target(module, patch.must_exist)
     except AttributeError:
-        _set(patch, TARGET_MISSING, f"{patch.module}.{patch.target} does not exist in this release")
+        _set(patch, TARGET_MISSING, f"{patch.trigger}.{patch.must_exist} does not exist in this release")
         return
     foreign = _foreign_owner(patch, module)
     if foreign:
         # Its methods were rebuilt from TRL's source by someone else: wrapping
         # them again would patch twice, or patch code we never probed.
-        _set(patch, CONFLICT, f"{patch.module}.{patch.target.split('.')[0]} was replaced by {foreign}; left alone")
+        _set(patch, CONFLICT, f"{patch.trigger}.{patch.must_exist.split('.')[0]} was replaced by {foreign}; left alone")
         return
     try:
         verdict = patch.probe(module)
@@ -206,7 +206,7 @@ def _stacked_above(moving: List[Patch]) -> List[Patch]:
     (taking one off and on again costs a re-wrap; wrapping above it would not
     stack in registration order)."""
     moving_ids = {p.id for p in moving}
-    below = [(_position(p), _states[p.id].touched, None if _states[p.id].touched else p.module) for p in moving]
+    below = [(_position(p), _states[p.id].touched, None if _states[p.id].touched else p.trigger) for p in moving]
     above: List[Patch] = []
     grew = True
     while grew:
@@ -215,7 +215,7 @@ def _stacked_above(moving: List[Patch]) -> List[Patch]:
             state = _states[patch.id]
             if patch.id in moving_ids or patch in above or state.patcher is None:
                 continue
-            if any(pos < _position(patch) and (state.touched & touched or module == patch.module)
+            if any(pos < _position(patch) and (state.touched & touched or module == patch.trigger)
                    for pos, touched, module in below):
                 above.append(patch)
                 below.append((_position(patch), state.touched, None))

@@ -96,14 +96,14 @@ class Patch(_Record):
     ``code``, the module that defines both: it is imported only once the trigger module is, so
     that ``import trl_compat`` stays cheap."""
 
-    FIELDS = {"id": ..., "summary": ..., "upstream": ..., "module": ..., "target": ..., "requires": ...,
-              "probe": None, "apply": None, "code": "", "remove_when": "", "opt_in": ""}
+    FIELDS = {"id": ..., "summary": ..., "upstream": ..., "trigger": ..., "must_exist": ..., "requires": ...,
+              "probe": None, "apply": None, "impl": "", "remove_when": "", "opt_in": ""}
 
     def __init__(self, **values) -> None:
         super().__init__(**values)
-        if self.code:
-            object.__setattr__(self, "probe", _Deferred(self.code, "probe"))
-            object.__setattr__(self, "apply", _Deferred(self.code, "apply"))
+        if self.impl:
+            object.__setattr__(self, "probe", _Deferred(self.impl, "probe"))
+            object.__setattr__(self, "apply", _Deferred(self.impl, "apply"))
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"a Patch is fixed once declared; use .replace({name}=...) for a changed copy")
@@ -111,10 +111,10 @@ class Patch(_Record):
     def replace(self, **changes) -> Patch:
         values = dict(self.as_dict(), **changes)
         if "probe" in changes or "apply" in changes:
-            values["code"] = ""
+            values["impl"] = ""
             for name in ("probe", "apply"):
                 values[name] = getattr(values[name], "function", values[name])
-        elif self.code:
+        elif self.impl:
             values["probe"] = values["apply"] = None
         return Patch(**values)
 

@@ -23,7 +23,7 @@ def report() -> List[PatchStatus]:
             PatchStatus(
                 id=p.id, status=_states[p.id].status, reason=_reason_now(p, _states[p.id]),
                 versions=dict(_states[p.id].versions),
-                target=", ".join(_states[p.id].changed) or f"{p.module}.{p.target}",
+                target=", ".join(_states[p.id].changed) or f"{p.trigger}.{p.must_exist}",
                 summary=p.summary, upstream=p.upstream,
             )
             for p in _registry.values()
@@ -46,7 +46,7 @@ def _reason_now(patch: Patch, state: _State) -> str:
         return reason
     foreign = _foreign_owner(patch, state.module)
     if foreign:
-        owner = patch.target.split(".")[0]
+        owner = patch.must_exist.split(".")[0]
         reason += f"; but {owner} has since been replaced by {foreign}, which the patch does not reach"
     overriding = _overriding_subclasses(patch, state.module)
     if overriding:
@@ -56,7 +56,7 @@ def _reason_now(patch: Patch, state: _State) -> str:
 
 def _overriding_subclasses(patch: Patch, module: ModuleType) -> List[str]:
     """Subclasses that define the patched method themselves: the fix reaches them only via super()."""
-    owner_name, _, attr = patch.target.partition(".")
+    owner_name, _, attr = patch.must_exist.partition(".")
     owner = getattr(module, owner_name, None)
     if not attr or "." in attr or not isinstance(owner, type):
         return []

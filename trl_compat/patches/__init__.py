@@ -26,30 +26,30 @@ PATCHES = [
         id="transformers5-import",
         summary="TRL < 0.20 on transformers 5: optional-package flags are truthy tuples, so `from trl import GRPOTrainer` fails",
         upstream="https://github.com/huggingface/trl/pull/5129 (TRL 0.29.0 stops using transformers' _is_package_available)",
-        module="trl.import_utils",
-        target="_is_package_available",
+        trigger="trl.import_utils",
+        must_exist="_is_package_available",
         requires=TRANSFORMERS5,
-        code="trl_compat.patches.transformers5_import",
+        impl="trl_compat.patches.transformers5_import",
         remove_when=TRANSFORMERS5_REMOVE_WHEN,
     ),
     Patch(
         id="transformers5-use-cache",
         summary="TRL < 0.20 on transformers 5: GRPOTrainer(model=<path>) passes use_cache=None, which configs reject",
         upstream="none for TRL 0.14-0.19; TRL 0.20's model loading rewrite (PR #3072) no longer passes use_cache=None",
-        module=GRPO_MODULE,
-        target="GRPOTrainer",  # the fix replaces the module's AutoModelForCausalLM; TRL's class must be there
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",  # the fix replaces the module's AutoModelForCausalLM; TRL's class must be there
         requires=TRANSFORMERS5,
-        code="trl_compat.patches.transformers5_use_cache",
+        impl="trl_compat.patches.transformers5_use_cache",
         remove_when=TRANSFORMERS5_REMOVE_WHEN,
     ),
     Patch(
         id="transformers5-warnings-issued",
         summary="TRL < 0.20 on transformers 5: GRPOTrainer.__init__ sets model.warnings_issued, which is gone",
         upstream="https://github.com/huggingface/trl/pull/4960 (removed the line in 0.28.0)",
-        module=GRPO_MODULE,
-        target="GRPOTrainer",  # the fix is on transformers' PreTrainedModel; TRL's class must be there
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",  # the fix is on transformers' PreTrainedModel; TRL's class must be there
         requires=TRANSFORMERS5,
-        code="trl_compat.patches.transformers5_warnings_issued",
+        impl="trl_compat.patches.transformers5_warnings_issued",
         remove_when=TRANSFORMERS5_REMOVE_WHEN,
     ),
     Patch(
@@ -59,11 +59,11 @@ PATCHES = [
             "https://github.com/huggingface/trl/issues/2849 (PeftModel NameError from PR #2725, fixed by PR #2850/#2818 "
             "before 0.15.0); get_peft_model NameError fixed by PR #2848 in 0.16.0"
         ),
-        module=GRPO_MODULE,
-        target="GRPOTrainer",  # the class: __init__ can never be missing (it is inherited)
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",  # the class: __init__ can never be missing (it is inherited)
         # main reported 0.16.0.dev0 for five days before PR #2848 added the guard: the probe decides.
         requires={"trl": affected("0.14.0", "0.16.0")},
-        code="trl_compat.patches.peft_optional",
+        impl="trl_compat.patches.peft_optional",
         remove_when="trl_compat drops support for TRL < 0.16.0 (and 0.16.0.dev0 installs older than PR #2848)",
     ),
     Patch(
@@ -76,10 +76,10 @@ PATCHES = [
             "https://github.com/huggingface/trl/issues/2782 (crash; guard in PR #2776, 0.15.0); "
             "hooks left in place fixed by PR #2871 in 0.16.0"
         ),
-        module="trl.models.utils",
-        target="unwrap_model_for_generation",
+        trigger="trl.models.utils",
+        must_exist="unwrap_model_for_generation",
         requires={"trl": affected("0.14.0", "0.16.0"), "deepspeed": ">=0"},
-        code="trl_compat.patches.zero3_unwrap",
+        impl="trl_compat.patches.zero3_unwrap",
         remove_when="trl_compat drops support for TRL < 0.16.0 (and 0.16.0.dev0 installs older than PR #2871)",
     ),
     Patch(
@@ -89,11 +89,11 @@ PATCHES = [
             "https://github.com/deepspeedai/DeepSpeed/pull/6847 renamed _register_hooks_recursively "
             "(DeepSpeed 0.16.4); TRL handles both names from 0.16.0"
         ),
-        module="trl.models.utils",
-        target="add_hooks",
+        trigger="trl.models.utils",
+        must_exist="add_hooks",
         # deepspeed: any installed one; the probe reads which method name it has.
         requires={"trl": affected("0.14.0", "0.16.0"), "deepspeed": ">=0"},
-        code="trl_compat.patches.zero3_hooks_api",
+        impl="trl_compat.patches.zero3_hooks_api",
         remove_when="trl_compat drops support for TRL < 0.16.0",
     ),
     Patch(
@@ -103,12 +103,12 @@ PATCHES = [
             "https://github.com/huggingface/trl/issues/2770 (name mismatch; PR #2773 added a fallback slice in 0.15.0, "
             "PR #3553 removed it in 0.19.0); transformers PR #37149 removed num_logits_to_keep in 4.52"
         ),
-        module=GRPO_MODULE,
-        target="GRPOTrainer",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
         # 0.20 renamed the entry point (_get_per_token_logps_and_entropies) and requires transformers>=4.53.2;
         # its 0.20.0.dev0 builds before PR #3563 carry 0.19's code: the probe tells them apart.
         requires={"trl": affected("0.14.0", "0.20.0")},
-        code="trl_compat.patches.logits_to_keep",
+        impl="trl_compat.patches.logits_to_keep",
         remove_when=(
             "trl_compat drops TRL < 0.20, or requires transformers >= 4.49 for TRL 0.15-0.18 and no longer supports "
             "TRL 0.14.0/0.19.x with models whose forward lacks logits_to_keep"
@@ -122,10 +122,10 @@ PATCHES = [
             "transformers PR #38090 (4.52: sampler_fn(dataset)) and #38226; "
             "fixed in TRL by PR #3283 (0.17.0, own get_train_dataloader) and PR #3488 (0.18.0, dataset argument)"
         ),
-        module=GRPO_MODULE,
-        target="GRPOTrainer",  # the override it wraps is inherited from Trainer once removed: the class is what must exist
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",  # the override it wraps is inherited from Trainer once removed: the class is what must exist
         requires={"trl": affected("0.15.0", "0.17.0"), "transformers": affected("4.52.0")},
-        code="trl_compat.patches.train_sampler_signature",
+        impl="trl_compat.patches.train_sampler_signature",
         remove_when="trl_compat no longer supports TRL < 0.17.0 (and 0.17.0.dev0 installs older than PR #3283)",
     ),
     Patch(
@@ -133,11 +133,11 @@ PATCHES = [
         summary="dataloader_num_workers >= 1: seed_worker gets num_workers and rank (TRL 0.17-0.18.1 x "
                 "transformers >= 4.52) and the collator pickles for spawn workers",
         upstream="https://github.com/huggingface/trl/pull/3568 (issues #3544, #2979, #3567; fixed in 0.18.2)",
-        module=GRPO_MODULE,
-        target="GRPOTrainer",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
         # Up to 0.19.0: 0.18.2 holds the fix (the probe finds it), 0.19.0.dev0 builds may not.
         requires={"trl": affected("0.14.0", "0.19.0")},
-        code="trl_compat.patches.dataloader_workers",
+        impl="trl_compat.patches.dataloader_workers",
         remove_when="trl_compat no longer supports TRL < 0.18.2",
     ),
     Patch(
@@ -145,10 +145,10 @@ PATCHES = [
         summary="GRPO evaluation on TRL 0.14.0: prediction_step computes the GRPO loss (no AttributeError); "
                 "eval_loss, eval_reward, ... logged apart from the training metrics",
         upstream="https://github.com/huggingface/trl/pull/2694 (fixed in 0.15.0; metrics split by mode in 0.16.0)",
-        module=GRPO_MODULE,
-        target="GRPOTrainer",  # log and prediction_step fall back to Trainer's: the class is what must exist
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",  # log and prediction_step fall back to Trainer's: the class is what must exist
         requires={"trl": affected("0.14.0", "0.15.0")},
-        code="trl_compat.patches.grpo_eval_014",
+        impl="trl_compat.patches.grpo_eval_014",
         remove_when="trl_compat no longer supports TRL 0.14.x (and 0.15.0.dev0 installs older than PR #2694)",
     ),
     Patch(
@@ -156,10 +156,10 @@ PATCHES = [
         summary="LoRA + use_vllm: PEFT names and unmerged weights went to vLLM ('no module or parameter "
                 "named base_model'); send base names and merged weights instead",
         upstream="https://github.com/huggingface/trl/issues/2698 (fixed by PR #2725 in 0.15.0; merged values in 0.15.1)",
-        module=GRPO_MODULE,
-        target="GRPOTrainer",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
         requires={"trl": affected("0.14.0", "0.15.0")},
-        code="trl_compat.patches.vllm_lora_names",
+        impl="trl_compat.patches.vllm_lora_names",
         remove_when="TRL < 0.15.0 is no longer supported",
     ),
     Patch(
@@ -167,10 +167,10 @@ PATCHES = [
         summary="LoRA + use_vllm: vLLM got the base weights (unmerge ran before load_weights); "
                 "send merged weights computed out of place instead",
         upstream="https://github.com/huggingface/trl/issues/2856 (fixed by PR #2873 in 0.15.1)",
-        module=GRPO_MODULE,
-        target="GRPOTrainer._move_model_to_vllm",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer._move_model_to_vllm",
         requires={"trl": affected("0.15.0", "0.16.0")},
-        code="trl_compat.patches.vllm_merged_weights",
+        impl="trl_compat.patches.vllm_merged_weights",
         remove_when="TRL < 0.15.1 is no longer supported",
     ),
     # after vllm-merged-weights: it wraps the same method
@@ -178,10 +178,10 @@ PATCHES = [
         id="vllm-prefix-cache",
         summary="use_vllm: vLLM's prefix cache kept KV from older weights after each sync; reset it",
         upstream="https://github.com/huggingface/trl/issues/3024 (fixed in 0.16.0)",
-        module=GRPO_MODULE,
-        target="GRPOTrainer._move_model_to_vllm",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer._move_model_to_vllm",
         requires={"trl": affected("0.15.0", "0.16.0")},
-        code="trl_compat.patches.vllm_prefix_cache",
+        impl="trl_compat.patches.vllm_prefix_cache",
         remove_when="TRL 0.15.x is no longer supported",
     ),
     # 0.14.0: logps-attention-mask and logps-temperature wrap compute_loss (as does vllm-lora-names),
@@ -191,20 +191,20 @@ PATCHES = [
         id="logps-attention-mask",
         summary="pass the attention mask to TRL 0.14.0's policy and reference log-prob forwards",
         upstream="https://github.com/huggingface/trl/pull/2708 (fixed in 0.15.0)",
-        module=GRPO_MODULE,
-        target="GRPOTrainer",  # compute_loss is inherited from Trainer once removed: the class is what must exist
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",  # compute_loss is inherited from Trainer once removed: the class is what must exist
         requires={"trl": affected("0.14.0", "0.15.0")},
-        code="trl_compat.patches.logps_attention_mask",
+        impl="trl_compat.patches.logps_attention_mask",
         remove_when="TRL 0.14.0 is no longer supported",
     ),
     Patch(
         id="logps-temperature",
         summary="opt-in (TRL_COMPAT_LOGPS_TEMPERATURE=1): compute GRPO log-probs at the sampling temperature, as TRL 0.16 does",
         upstream="https://github.com/huggingface/trl/pull/3029 (fixed in 0.16.0)",
-        module=GRPO_MODULE,
-        target="GRPOTrainer",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
         requires={"trl": affected("0.14.0", "0.16.0")},
-        code="trl_compat.patches.logps_temperature",
+        impl="trl_compat.patches.logps_temperature",
         opt_in="TRL_COMPAT_LOGPS_TEMPERATURE",
         remove_when="TRL 0.15.x is no longer supported",
     ),
@@ -214,20 +214,20 @@ PATCHES = [
         id="pad-token",
         summary="tokenizer without a pad token: use its EOS token as pad token, as TRL 0.17 does",
         upstream="https://github.com/huggingface/trl/issues/3287 (fixed by PR #3290 in 0.17.0)",
-        module=GRPO_MODULE,
-        target="GRPOTrainer",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
         requires={"trl": affected("0.14.0", "0.17.0")},
-        code="trl_compat.patches.pad_token",
+        impl="trl_compat.patches.pad_token",
         remove_when="TRL 0.16.x is no longer supported",
     ),
     Patch(
         id="peft-gradient-checkpointing",
         summary="LoRA + reentrant gradient checkpointing: make the embedding output require grad, as TRL 0.16 does",
         upstream="https://github.com/huggingface/trl/issues/2671 (fixed by PR #2848 in 0.16.0)",
-        module=GRPO_MODULE,
-        target="GRPOTrainer",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
         requires={"trl": affected("0.14.0", "0.16.0"), "peft": ">=0.0.dev0"},
-        code="trl_compat.patches.peft_gradient_checkpointing",
+        impl="trl_compat.patches.peft_gradient_checkpointing",
         remove_when="TRL 0.15.x is no longer supported",
     ),
     Patch(
@@ -235,10 +235,10 @@ PATCHES = [
         summary="resume_from_checkpoint with num_iterations > 1: the first resumed steps got None inputs "
                 "(TypeError); generate when the buffer is empty, as TRL 0.17.0 does",
         upstream="https://github.com/huggingface/trl/pull/3148 (fixed in 0.17.0)",
-        module=GRPO_MODULE,
-        target="GRPOTrainer",  # _prepare_inputs is inherited from transformers' Trainer where TRL has none
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",  # _prepare_inputs is inherited from transformers' Trainer where TRL has none
         requires={"trl": affected("0.16.0", "0.17.0")},
-        code="trl_compat.patches.resume_buffered_inputs",
+        impl="trl_compat.patches.resume_buffered_inputs",
         remove_when="trl_compat no longer supports TRL 0.16.x",
     ),
     Patch(
@@ -246,10 +246,10 @@ PATCHES = [
         summary="DeepSpeed ZeRO-3: a model given as reward function was left partitioned and its first forward "
                 "failed (Padding_idx must be within num_embeddings); prepare it with prepare_deepspeed",
         upstream="https://github.com/huggingface/trl/issues/3202 (fixed by PR #3326 in 0.17.0)",
-        module=GRPO_MODULE,
-        target="GRPOTrainer",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
         requires={"trl": affected("0.14.0", "0.17.0"), "deepspeed": ">=0"},
-        code="trl_compat.patches.reward_model_zero3",
+        impl="trl_compat.patches.reward_model_zero3",
         remove_when="trl_compat no longer supports TRL < 0.17.0",
     ),
     # the three prompt patches wrap the same generation method; each corrects only its own part of
@@ -258,50 +258,50 @@ PATCHES = [
         id="vllm-prompt-truncation",
         summary="use_vllm: vLLM generated from the untruncated prompt, the loss saw its last max_prompt_length ids",
         upstream="https://github.com/huggingface/trl/issues/3569 (fixed in 0.19.0 by PR #3601)",
-        module=GRPO_MODULE,
-        target="GRPOTrainer",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
         requires={"trl": affected("0.14.0", "0.19.0"), "vllm": ">=0"},
-        code="trl_compat.patches.vllm_prompt_truncation",
+        impl="trl_compat.patches.vllm_prompt_truncation",
         remove_when="TRL < 0.19 is no longer supported",
     ),
     Patch(
         id="vllm-prompt-special-tokens",
         summary="use_vllm: TRL 0.19.0 stripped chat-template tokens and BOS from every vLLM prompt",
         upstream="https://github.com/huggingface/trl/issues/3644 (fixed in 0.19.1 by PRs #3651, #3698)",
-        module=GRPO_MODULE,
-        target="GRPOTrainer",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
         requires={"trl": affected("0.19.0", "0.20.0"), "vllm": ">=0"},
-        code="trl_compat.patches.vllm_prompt_special_tokens",
+        impl="trl_compat.patches.vllm_prompt_special_tokens",
         remove_when="TRL 0.19.0 is no longer supported",
     ),
     Patch(
         id="vllm-double-bos",
         summary="use_vllm: vLLM added a second BOS (the tokenizer's) to chat-templated prompts training tokenised with one",
         upstream="https://github.com/huggingface/trl/issues/3853 (fixed in 0.24.0 by PR #4152)",
-        module=GRPO_MODULE,
-        target="GRPOTrainer",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
         requires={"trl": affected("0.14.0", "0.20.0"), "vllm": ">=0"},
-        code="trl_compat.patches.vllm_double_bos",
+        impl="trl_compat.patches.vllm_double_bos",
         remove_when="TRL < 0.24 is no longer supported",
     ),
     Patch(
         id="vllm-v1-engine",
         summary="use_vllm on vLLM >= 0.8: V1 engine has no llm_engine.model_executor; default VLLM_USE_V1=0",
         upstream="https://github.com/huggingface/trl/issues/3115 (never fixed in-process; server mode in 0.16.0)",
-        module=GRPO_MODULE,
-        target="GRPOTrainer",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
         requires={"trl": affected("0.14.0", "0.16.0"), "vllm": affected("0.8.0")},
-        code="trl_compat.patches.vllm_v1_engine",
+        impl="trl_compat.patches.vllm_v1_engine",
         remove_when="TRL 0.14.x and 0.15.x are no longer supported",
     ),
     Patch(
         id="fsdp2-vllm-sync",
         summary="use_vllm + FSDP2: no weight reached vLLM (FSDP1-only sync); send the full FSDP2 weights",
         upstream="https://github.com/huggingface/trl/pull/3687 (fixed in 0.20.0; reported in PR #3670)",
-        module=GRPO_MODULE,
-        target="GRPOTrainer",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
         requires={"trl": affected("0.18.0", "0.20.0")},
-        code="trl_compat.patches.fsdp2_vllm_sync",
+        impl="trl_compat.patches.fsdp2_vllm_sync",
         remove_when="TRL 0.18.x and 0.19.x are no longer supported",
     ),
 ]

@@ -39,7 +39,7 @@ import inspect
 import threading
 
 from trl_compat._engine import needed, not_needed, undecided
-from trl_compat._source import code, defining_class
+from trl_compat._helpers.source import code, defining_class
 
 PATCH_ID = "dataloader-workers"
 

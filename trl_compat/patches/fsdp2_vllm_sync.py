@@ -38,7 +38,7 @@ import functools
 import sys
 
 from trl_compat._engine import needed, not_needed, undecided
-from trl_compat._source import code, defining_class
+from trl_compat._helpers.source import code, defining_class
 
 METHOD = "_sync_fsdp_params_to_vllm"
 _WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig_mod.")

@@ -51,7 +51,7 @@ import logging
 from collections import defaultdict
 
 from trl_compat._engine import needed, not_needed, undecided
-from trl_compat._source import code, defining_class, syntax
+from trl_compat._helpers.source import code, defining_class, syntax
 
 logger = logging.getLogger(__name__)
 

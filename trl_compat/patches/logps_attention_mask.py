@@ -16,7 +16,7 @@ tokens up to and including the first EOS.
 Affected: TRL 0.14.0 and the main-branch builds before bbdd6db17 (0.14.0.dev0, early
 0.15.0.dev0).
 
-Probe: TRL's log-prob function (see ``trl_compat._logps_calls``), comments dropped: the
+Probe: TRL's log-prob function (see ``trl_compat._helpers.logps_calls``), comments dropped: the
 nested ``get_per_token_logps`` calling ``model(input_ids, num_logits_to_keep=...)`` (or
 ``logits_to_keep=``, early 0.15.0.dev0) with no ``attention_mask`` anywhere in it. A function
 that passes ``attention_mask`` is fixed; any other shape is "undecided".
@@ -36,20 +36,20 @@ import functools
 import inspect
 import numbers
 
-from trl_compat import _logps_calls
 from trl_compat._engine import needed, undecided
+from trl_compat._helpers import logps_calls
 
 PATCH_ID = "logps-attention-mask"
 _KEEP = ("num_logits_to_keep", "logits_to_keep")
 
 
 def probe(module):
-    caller, verdict = _logps_calls.unfixed(module.GRPOTrainer, "attention_mask",
+    caller, verdict = logps_calls.unfixed(module.GRPOTrainer, "attention_mask",
                                            "passes the attention mask to the model")
     if verdict is not None:
         return verdict
     calls = [name for name in _KEEP if f"model(input_ids, {name}=" in caller.code]
-    if caller.kind != _logps_calls.NESTED or not calls:
+    if caller.kind != logps_calls.NESTED or not calls:
         return undecided(f"{caller.where} passes no attention mask, but calls the model in a way this patch "
                          "does not know")
     return needed(f"{caller.where} calls model(input_ids, {calls[0]}=...) without attention_mask: left-padded "
@@ -79,7 +79,7 @@ def logps_mask(input_ids, completion_length: int, pad_token_id, eos_token_id):
 
 def _pre_hook(trainer, raw):
     def add_mask(module, args, kwargs):
-        if kwargs.get("attention_mask") is not None or not _logps_calls.called_from(raw):
+        if kwargs.get("attention_mask") is not None or not logps_calls.called_from(raw):
             return None
         input_ids = args[0] if args else kwargs.get("input_ids")
         keep = next((kwargs[name] for name in _KEEP if name in kwargs), None)
@@ -95,7 +95,7 @@ def _pre_hook(trainer, raw):
 
 
 def apply(module, patcher) -> None:
-    caller = _logps_calls.find(module.GRPOTrainer)
+    caller = logps_calls.find(module.GRPOTrainer)
 
     def factory(original):
         signature = inspect.signature(original)
@@ -106,7 +106,7 @@ def apply(module, patcher) -> None:
                 model = signature.bind_partial(self, *args, **kwargs).arguments.get("model")
             except TypeError:
                 model = None
-            with _logps_calls.hooked([model, getattr(self, "ref_model", None)], pre=_pre_hook(self, caller.raw)):
+            with logps_calls.hooked([model, getattr(self, "ref_model", None)], pre=_pre_hook(self, caller.raw)):
                 return original(self, *args, **kwargs)
 
         return compute_loss

@@ -18,7 +18,7 @@ biased policy gradients"). Silent. TRL 0.16.0 divides the logits by ``self.tempe
 Affected: TRL 0.14.0 (the function nested in ``compute_loss``), 0.15.0 - 0.15.2
 (``GRPOTrainer._get_per_token_logps``), and the main-branch builds before 04f659737.
 
-Probe: TRL's log-prob function (see ``trl_compat._logps_calls``), comments dropped, never mentions
+Probe: TRL's log-prob function (see ``trl_compat._helpers.logps_calls``), comments dropped, never mentions
 ``temperature``. Then the switch decides (in the engine): on, "applied"; off, "disabled".
 
 Fix (switched on): while TRL's log-prob function runs (``_get_per_token_logps`` wrapped in 0.15;
@@ -33,15 +33,15 @@ from __future__ import annotations
 import functools
 import inspect
 
-from trl_compat import _logps_calls
 from trl_compat._engine import needed
+from trl_compat._helpers import logps_calls
 
 PATCH_ID = "logps-temperature"
 SWITCH = "TRL_COMPAT_LOGPS_TEMPERATURE"
 
 
 def probe(module):
-    caller, verdict = _logps_calls.unfixed(module.GRPOTrainer, "temperature",
+    caller, verdict = logps_calls.unfixed(module.GRPOTrainer, "temperature",
                                            "divides the logits by the sampling temperature")
     if verdict is not None:
         return verdict
@@ -60,7 +60,7 @@ def _temperature(trainer):
 def _post_hook(temperature, raw):
     def divide(module, args, kwargs, output):
         logits = getattr(output, "logits", None)
-        if logits is None or not _logps_calls.called_from(raw):
+        if logits is None or not logps_calls.called_from(raw):
             return None
         # In place on the ModelOutput TRL receives (attribute and key stay in step).
         output.logits = logits / temperature
@@ -81,15 +81,15 @@ def _wrapper(original, raw, models_of):
             model = signature.bind_partial(self, *args, **kwargs).arguments.get("model")
         except TypeError:
             model = None
-        with _logps_calls.hooked(models_of(self, model), post=_post_hook(temperature, raw)):
+        with logps_calls.hooked(models_of(self, model), post=_post_hook(temperature, raw)):
             return original(self, *args, **kwargs)
 
     return wrapper
 
 
 def apply(module, patcher) -> None:
-    caller = _logps_calls.find(module.GRPOTrainer)
-    if caller.kind == _logps_calls.METHOD:
+    caller = logps_calls.find(module.GRPOTrainer)
+    if caller.kind == logps_calls.METHOD:
         models_of = lambda self, model: [model]  # noqa: E731
     else:  # nested in compute_loss, which also calls self.ref_model
         models_of = lambda self, model: [model, getattr(self, "ref_model", None)]  # noqa: E731

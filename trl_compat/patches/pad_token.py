@@ -30,8 +30,8 @@ import logging
 import re
 
 from trl_compat._engine import needed, not_needed
-from trl_compat._source import code
-from trl_compat._trainer_init import around_init
+from trl_compat._helpers.source import code
+from trl_compat._helpers.trainer_init import around_init
 
 log = logging.getLogger(__name__)
 

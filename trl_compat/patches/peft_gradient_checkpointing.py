@@ -29,8 +29,8 @@ from __future__ import annotations
 import logging
 
 from trl_compat._engine import needed, not_needed
-from trl_compat._source import code, defining_class
-from trl_compat._trainer_init import around_init
+from trl_compat._helpers.source import code, defining_class
+from trl_compat._helpers.trainer_init import around_init
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 
 from trl_compat._engine import needed, not_needed, undecided
-from trl_compat._source import code
+from trl_compat._helpers.source import code
 
 PATCH_ID = "resume-buffered-inputs"
 

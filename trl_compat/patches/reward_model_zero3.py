@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import functools
 
-from trl_compat import _zero3
 from trl_compat._engine import needed, not_needed, undecided
-from trl_compat._source import code
+from trl_compat._helpers import zero3
+from trl_compat._helpers.source import code
 
 PATCH_ID = "reward-model-zero3"
 
@@ -61,7 +61,7 @@ def _init_factory(module):
         @functools.wraps(original)
         def __init__(self, *args, **kwargs):
             original(self, *args, **kwargs)
-            if _zero3.config_stage(self) != 3:
+            if zero3.config_stage(self) != 3:
                 return
             engines = []
             for reward_func in getattr(self, "reward_funcs", None) or ():

@@ -36,7 +36,7 @@ transformers5-import the one that stops ``from trl import GRPOTrainer``.
 from __future__ import annotations
 
 from trl_compat._engine import needed, not_needed, undecided
-from trl_compat._source import code
+from trl_compat._helpers.source import code
 
 PATCH_ID = "transformers5-use-cache"
 USE_CACHE_PATTERN = 'model_init_kwargs.get("use_cache")'

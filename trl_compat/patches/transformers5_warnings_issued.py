@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 
 from trl_compat._engine import needed, not_needed
-from trl_compat._source import code
+from trl_compat._helpers.source import code
 
 WARNINGS_PATTERN = "warnings_issued["
 

@@ -19,15 +19,15 @@ Probe: the generation method tokenises with ``add_special_tokens=False`` and han
 texts. Whether a tokenizer adds special tokens is known at run time only: the wrapper compares, per
 prompt, vLLM's tokenisation with training's and acts only where they differ.
 
-Fix (``trl_compat.vllm_prompts``): such a prompt reaches vLLM as the training ids (in-process
+Fix (``trl_compat._helpers.vllm_prompts``): such a prompt reaches vLLM as the training ids (in-process
 engine) or as a text whose tokenisation with special tokens gives them (server: the BOS text
 stripped). This changes what vLLM generates for those prompts: after one BOS, as training sees it.
 """
 
 from __future__ import annotations
 
-from trl_compat import vllm_prompts
 from trl_compat._engine import needed, not_needed
+from trl_compat._helpers import vllm_prompts
 
 
 def _judge(name, source):

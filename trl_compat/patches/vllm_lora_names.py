@@ -16,7 +16,7 @@ strips ``removeprefix("base_model.model.")``; and the sync site is one we can ho
 ``_move_model_to_vllm`` method, or ``compute_loss`` / ``_prepare_inputs`` holding the inline
 sync with its ``self.state.global_step != self._last_loaded_step`` guard.
 
-Fix: trl_compat's one sync path (:mod:`trl_compat.vllm_sync`, shared with
+Fix: trl_compat's one sync path (:mod:`trl_compat._helpers.vllm_sync`, shared with
 ``vllm-merged-weights``): base names, merged weights computed out of place one layer at a
 time, training weights untouched. There is no method to replace in 0.14.0, so the method
 holding the inline sync is wrapped: when a load is due we sync first and set
@@ -31,7 +31,7 @@ Remove this patch when trl_compat no longer supports TRL < 0.15.0.
 from __future__ import annotations
 
 from trl_compat._engine import needed, not_needed, undecided
-from trl_compat._source import code
+from trl_compat._helpers.source import code
 
 SEND = "load_weights("
 STRIP = 'removeprefix("base_model.model.")'
@@ -66,7 +66,7 @@ def probe(module):
 
 
 def apply(module, patcher):
-    from trl_compat import vllm_sync
+    from trl_compat._helpers import vllm_sync
 
     kind, name = sync_site(module.GRPOTrainer)
     factory = vllm_sync.make_move_model_to_vllm if kind == "method" else vllm_sync.make_presync

@@ -14,7 +14,7 @@ comes before the first ``load_weights(``. The version window (0.15.0.dev0 up to 
 fix landed among the 0.16.0.dev0 builds) includes 0.15.1/0.15.2, where the probe finds the fixed order and reports "not needed".
 
 Fix: ``_move_model_to_vllm`` is replaced by trl_compat's one sync path
-(:mod:`trl_compat.vllm_sync`, shared with ``vllm-lora-names``): vLLM gets base names and
+(:mod:`trl_compat._helpers.vllm_sync`, shared with ``vllm-lora-names``): vLLM gets base names and
 merged weights computed out of place, one layer at a time, so unlike upstream's fix the
 training weights stay bit-identical and no second copy of the model is made. Anything the
 sync does not recognise falls back to TRL's own method.
@@ -26,7 +26,7 @@ older than PR #2873).
 from __future__ import annotations
 
 from trl_compat._engine import needed, not_needed, undecided
-from trl_compat._source import code, normalise
+from trl_compat._helpers.source import code, normalise
 
 SENDS = ("load_weights(", "update_named_param(")
 UNMERGE = "unmerge_adapter()"
@@ -50,7 +50,7 @@ def probe(module):
 
 
 def apply(module, patcher):
-    from trl_compat import vllm_sync
+    from trl_compat._helpers import vllm_sync
 
     patcher.wrap(module.GRPOTrainer, "_move_model_to_vllm", vllm_sync.make_move_model_to_vllm)
 

@@ -37,7 +37,7 @@ import functools
 import logging
 
 from trl_compat._engine import needed, not_needed, undecided
-from trl_compat._source import code
+from trl_compat._helpers.source import code
 
 log = logging.getLogger(__name__)
 

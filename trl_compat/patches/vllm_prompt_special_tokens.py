@@ -17,7 +17,7 @@ fixed dev builds apart.
 
 Probe: the generation method decodes ``prompt_ids`` with ``skip_special_tokens=True``.
 
-Fix (``trl_compat.vllm_prompts``): while ``_generate_and_score_completions`` runs, the training ids
+Fix (``trl_compat._helpers.vllm_prompts``): while ``_generate_and_score_completions`` runs, the training ids
 of each prompt of the batch are kept (gathered from every process in server mode), and each
 decoded text vLLM is handed is replaced by those ids (the in-process engine) or by a text that
 tokenises back to them (the server). This changes what vLLM generates: from the prompt with its
@@ -26,8 +26,8 @@ special tokens, as the loss sees it.
 
 from __future__ import annotations
 
-from trl_compat import vllm_prompts
 from trl_compat._engine import needed, not_needed
+from trl_compat._helpers import vllm_prompts
 
 
 def _judge(name, source):

@@ -19,7 +19,7 @@ Probe: the method that tokenises the prompts and calls vLLM (``compute_loss`` / 
 re-decode the truncated ids (``batch_decode(prompt_ids``, the fix) and hands vLLM
 ``all_prompts_text``.
 
-Fix (``trl_compat.vllm_prompts``): while that method runs, each prompt text whose training ids were
+Fix (``trl_compat._helpers.vllm_prompts``): while that method runs, each prompt text whose training ids were
 truncated reaches vLLM as those truncated ids (``{"prompt_token_ids": ...}`` to the in-process
 engine; to the server, a text that tokenises back to them). This changes what vLLM generates, for
 those prompts only: from the prompt the loss is computed on.
@@ -27,8 +27,8 @@ those prompts only: from the prompt the loss is computed on.
 
 from __future__ import annotations
 
-from trl_compat import vllm_prompts
 from trl_compat._engine import needed, not_needed, undecided
+from trl_compat._helpers import vllm_prompts
 
 
 def _judge(name, source):

@@ -42,7 +42,7 @@ import os
 import sys
 
 from trl_compat._engine import needed, not_needed, undecided
-from trl_compat._source import code
+from trl_compat._helpers.source import code
 
 log = logging.getLogger(__name__)
 

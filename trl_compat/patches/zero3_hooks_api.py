@@ -42,11 +42,11 @@ from __future__ import annotations
 
 import functools
 
-from trl_compat import _zero3
 from trl_compat._engine import needed, not_needed, undecided
-from trl_compat._source import code
+from trl_compat._helpers import zero3
+from trl_compat._helpers.source import code
 
-OLD, NEW = _zero3.OLD, _zero3.NEW
+OLD, NEW = zero3.OLD, zero3.NEW
 
 
 def probe(module):
@@ -56,7 +56,7 @@ def probe(module):
     if OLD not in source:
         return not_needed(f"TRL's add_hooks does not call {OLD}")
     try:
-        cls = _zero3.offload_class()
+        cls = zero3.offload_class()
     except Exception as exc:  # noqa: BLE001 - a broken DeepSpeed install is not ours to judge
         return undecided(f"cannot look up DeepSpeedZeRoOffload ({type(exc).__name__}: {exc})")
     has_old, has_new = hasattr(cls, OLD), hasattr(cls, NEW)
@@ -73,7 +73,7 @@ def probe(module):
 def _wrap_add_hooks(original):
     @functools.wraps(original)
     def add_hooks(model, *args, **kwargs):
-        if _zero3.reregister_hooks(model):
+        if zero3.reregister_hooks(model):
             return None
         return original(model, *args, **kwargs)
 

@@ -18,7 +18,7 @@ import types
 import weakref
 from typing import Any, List, Optional
 
-from trl_compat._models import peel
+from trl_compat._helpers.models import peel
 from trl_compat.patches.logits_to_keep.accepts import Accepts
 from trl_compat.patches.logits_to_keep.trl_call import NAMES, NEW, OLD, PATCH_ID, TrlCall
 

@@ -9,7 +9,7 @@ import logging
 from typing import Any, Dict, Optional
 
 from trl_compat._engine import warn_once
-from trl_compat._models import peel
+from trl_compat._helpers.models import peel
 from trl_compat.patches.logits_to_keep.accepts import RENAME, SLICE, UNKNOWN, accepts, decide
 from trl_compat.patches.logits_to_keep.forward import LOCK, SWITCH, wrap
 from trl_compat.patches.logits_to_keep.trl_call import PATCH_ID, TrlCall

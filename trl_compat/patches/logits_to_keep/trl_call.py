@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple, Optional, Tuple
 
-from trl_compat._source import code
+from trl_compat._helpers.source import code
 
 PATCH_ID = "logits-to-keep"
 NEW = "logits_to_keep"  # transformers >= 4.49

@@ -54,7 +54,7 @@ import sys
 import types
 
 from trl_compat._engine import needed, not_needed, undecided
-from trl_compat._trainer_init import around_init
+from trl_compat._helpers.trainer_init import around_init
 from trl_compat.patches.peft_optional.scan import GUARD, PEFT_NAMES, scan, where  # noqa: F401
 from trl_compat.patches.peft_optional.stand_ins import (  # noqa: F401 - the stand-ins, for tests and tools
     INSTALL_HINT,

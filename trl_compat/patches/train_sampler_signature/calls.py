@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 import re
 
-from trl_compat._source import code, defining_class
+from trl_compat._helpers.source import code, defining_class
 
 # (sampler method, the dataloader method that calls it, the name upstream gives the dataset)
 SAMPLERS = (

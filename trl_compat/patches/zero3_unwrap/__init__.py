@@ -56,7 +56,7 @@ The fix
     function.
 
 Parts: this module (probe, apply), ``wrapper`` (the wrapper at run time), on the one
-ZeRO-3 helper :mod:`trl_compat._zero3` that zero3-hooks-api uses too.
+ZeRO-3 helper :mod:`trl_compat._helpers.zero3` that zero3-hooks-api uses too.
 
 Remove this patch when trl_compat no longer supports TRL < 0.16.0 (and
 0.16.0.dev0 installs older than PR #2871).
@@ -71,7 +71,7 @@ import types
 import weakref
 
 from trl_compat._engine import needed, not_needed, undecided
-from trl_compat._source import Code, SourceUnavailable, code, normalise
+from trl_compat._helpers.source import Code, SourceUnavailable, code, normalise
 from trl_compat.patches.zero3_unwrap.wrapper import has_guard, wrap_unwrap
 
 NAME = "unwrap_model_for_generation"

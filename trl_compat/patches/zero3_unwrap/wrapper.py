@@ -13,8 +13,9 @@ import inspect
 import logging
 import sys
 
-from trl_compat import _engine, _zero3
-from trl_compat._source import SourceUnavailable, code
+from trl_compat import _engine
+from trl_compat._helpers import zero3
+from trl_compat._helpers.source import SourceUnavailable, code
 
 log = logging.getLogger(__name__)
 
@@ -38,21 +39,21 @@ def _active() -> bool:
 def _hooks_can_come_back(offload) -> bool:
     """Handing TRL the engine makes it take the hooks off; do that only if its
     add_hooks can put them back with this DeepSpeed (zero3-hooks-api)."""
-    if hasattr(offload, _zero3.OLD):
+    if hasattr(offload, zero3.OLD):
         return True
     try:
         if _engine.status("zero3-hooks-api") == _engine.APPLIED:
             return True
     except KeyError:
         pass
-    return _zero3.add_hooks_knows_new_name(getattr(sys.modules.get("trl.models.utils"), "add_hooks", None))
+    return zero3.add_hooks_knows_new_name(getattr(sys.modules.get("trl.models.utils"), "add_hooks", None))
 
 
 def find_engine(model, accelerator):
     """The DeepSpeed engine that wraps ``model`` under ZeRO-3, or None when
     ``model`` is already one (or anything else TRL handles by itself), or when
     the hooks could not be put back afterwards."""
-    if not _zero3.is_zero3(accelerator) or hasattr(model, "optimizer"):
+    if not zero3.is_zero3(accelerator) or hasattr(model, "optimizer"):
         return None
     candidates = []
     wrapped = getattr(accelerator, "deepspeed_engine_wrapped", None)
@@ -64,16 +65,16 @@ def find_engine(model, accelerator):
             engine is not None
             and engine is not model
             and getattr(engine, "module", None) is model
-            and isinstance(_zero3.hook_list(engine), list)  # a ZeRO-3 offload
+            and isinstance(zero3.hook_list(engine), list)  # a ZeRO-3 offload
         ):
-            return engine if _hooks_can_come_back(_zero3.offload(engine)) else None
+            return engine if _hooks_can_come_back(zero3.offload(engine)) else None
     return None
 
 
 def _hooks_removed(model, accelerator) -> bool:
-    if not _zero3.is_zero3(accelerator):
+    if not zero3.is_zero3(accelerator):
         return False
-    hooks = _zero3.hook_list(model)
+    hooks = zero3.hook_list(model)
     return isinstance(hooks, list) and not hooks
 
 
@@ -99,7 +100,7 @@ def _unguarded(remove_hooks) -> bool:
 def _gathered(model, accelerator):
     """What TRL 0.15's unwrap_model_for_generation does with a module that has
     no engine (its guard makes remove_hooks/add_hooks no-ops): gather, yield."""
-    with _zero3.gathered(model.parameters()):
+    with zero3.gathered(model.parameters()):
         yield accelerator.unwrap_model(model)
 
 
@@ -131,7 +132,7 @@ def wrap_unwrap(original):
         try:
             engine = find_engine(model, accelerator)
             no_engine_crash = (
-                engine is None and _zero3.is_zero3(accelerator) and not hasattr(model, "optimizer")
+                engine is None and zero3.is_zero3(accelerator) and not hasattr(model, "optimizer")
                 and _unguarded(getattr(sys.modules.get("trl.models.utils"), "remove_hooks", None))
                 and gathers(model, accelerator, args, kwargs)
             )

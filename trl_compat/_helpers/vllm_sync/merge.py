@@ -7,7 +7,7 @@ import copy
 import warnings
 from typing import Any, Dict, List, Tuple
 
-from trl_compat.vllm_sync.fold import fold_is_exact
+from trl_compat._helpers.vllm_sync.fold import fold_is_exact
 
 # Module attributes holding hook dicts: a private copy of a layer must not carry the
 # training model's hooks (DeepSpeed, accelerate) along.

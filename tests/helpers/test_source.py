@@ -1,11 +1,11 @@
-"""trl_compat._source: how every probe reads code (runs in every cell, trl or not)."""
+"""trl_compat._helpers.source: how every probe reads code (runs in every cell, trl or not)."""
 
 import functools
 import importlib
 import sys
 import uuid
 
-from trl_compat._source import Code, SourceUnavailable, code, defining_class, normalise, unwrap
+from trl_compat._helpers.source import Code, SourceUnavailable, code, defining_class, normalise, unwrap
 
 import pytest
 
@@ -101,7 +101,7 @@ def test_a_probe_on_unreadable_source_is_undecided(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delenv("TRL_COMPAT_STRICT", raising=False)
     module = importlib.import_module(name)
-    patch = engine.Patch(id="test-src-" + name, summary="", upstream="", module=name, target="Trainer.step",
+    patch = engine.Patch(id="test-src-" + name, summary="", upstream="", trigger=name, must_exist="Trainer.step",
                          requires={}, probe=lambda m: code(len) and engine.needed("never"),
                          apply=lambda m, p: p.replace(m.Trainer, "step", lambda self: 2))
     engine.register(patch)

@@ -1,6 +1,6 @@
 """One way to recognise and handle DeepSpeed ZeRO-3, for the patches and the vLLM sync.
 
-What ``zero3-unwrap``, ``zero3-hooks-api``, ``reward-model-zero3`` and :mod:`trl_compat.vllm_sync`
+What ``zero3-unwrap``, ``zero3-hooks-api``, ``reward-model-zero3`` and :mod:`trl_compat._helpers.vllm_sync`
 share: is ZeRO stage 3 in use (read from accelerate's DeepSpeed plugin), the parameter offload
 TRL's ``remove_hooks``/``add_hooks`` work on, DeepSpeed's name for re-registering its module
 hooks (``_register_hooks_recursively``, renamed ``_register_deepspeed_module`` in DeepSpeed
@@ -17,7 +17,7 @@ import importlib
 import sys
 from typing import Any, Iterable, Iterator, Optional
 
-from trl_compat._source import SourceUnavailable, code
+from trl_compat._helpers.source import SourceUnavailable, code
 
 OLD = "_register_hooks_recursively"
 NEW = "_register_deepspeed_module"

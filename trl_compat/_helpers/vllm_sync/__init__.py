@@ -28,16 +28,16 @@ own code (anything else).
 
 Modules: ``structure`` (which module sends what: the plan), ``merge`` (the merged tensors),
 ``fold`` (when ``merge`` may scale B instead of ``B @ A``: the same bits), ``stream`` (the plan
-walked into ``load_weights``, gathered under ZeRO-3 through :mod:`trl_compat._zero3`; the
+walked into ``load_weights``, gathered under ZeRO-3 through :mod:`trl_compat._helpers.zero3`; the
 in-place fallback), ``trainer`` (what the patches install).
 No torch/peft/deepspeed import at module level: ``import trl_compat`` stays light.
 """
 
 from __future__ import annotations
 
-from trl_compat.vllm_sync.stream import iter_vllm_weights, push_to_vllm
-from trl_compat.vllm_sync.structure import UnsupportedModel
-from trl_compat.vllm_sync.trainer import make_move_model_to_vllm, make_presync, sync_trainer, vllm_model_of
+from trl_compat._helpers.vllm_sync.stream import iter_vllm_weights, push_to_vllm
+from trl_compat._helpers.vllm_sync.structure import UnsupportedModel
+from trl_compat._helpers.vllm_sync.trainer import make_move_model_to_vllm, make_presync, sync_trainer, vllm_model_of
 
 __all__ = [
     "UnsupportedModel",

@@ -6,9 +6,9 @@ from __future__ import annotations
 import warnings
 from typing import Any, Dict, Iterator, List, Tuple
 
-from trl_compat._zero3 import gathered
-from trl_compat.vllm_sync.merge import Workspace, copy_merged_state, merged_weight, own_state
-from trl_compat.vllm_sync.structure import Peft, Step, plan_steps, resolve
+from trl_compat._helpers.vllm_sync.merge import Workspace, copy_merged_state, merged_weight, own_state
+from trl_compat._helpers.vllm_sync.structure import Peft, Step, plan_steps, resolve
+from trl_compat._helpers.zero3 import gathered
 
 
 def _step_params(step: Step) -> List[Any]:
@@ -40,7 +40,7 @@ class Plan:
 
     def items(self, step: Step, workspace: Any = None) -> Dict[str, Any]:
         """What this step sends. Call inside ``gathered(self.params(step))``. Merged weights may
-        live in ``workspace`` (a :class:`~trl_compat.vllm_sync.merge.Workspace`)."""
+        live in ``workspace`` (a :class:`~trl_compat._helpers.vllm_sync.merge.Workspace`)."""
         if step.kind == "copy":
             return copy_merged_state(step.module, step.prefix)
         if step.kind == "fast":

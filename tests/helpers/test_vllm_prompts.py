@@ -21,8 +21,8 @@ import importlib.util
 import uuid
 
 import trl_compat
-from trl_compat import vllm_prompts
 from trl_compat._engine import logs as engine_logs
+from trl_compat._helpers import vllm_prompts
 
 import pytest
 

@@ -1,5 +1,5 @@
 """vllm-lora-names (TRL 0.14.0) and vllm-merged-weights (TRL 0.15.0), and the one sync path
-they share, ``trl_compat.vllm_sync``.
+they share, ``trl_compat._helpers.vllm_sync``.
 
 * Unit tests of ``iter_vllm_weights`` on plain PEFT / transformers models (every cell with
   torch + transformers; PEFT cases need peft): names and values against PEFT's own
@@ -28,8 +28,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import trl_compat
-from trl_compat import vllm_sync
-from trl_compat._models import peel
+from trl_compat._helpers import vllm_sync
+from trl_compat._helpers.models import peel
 
 import tiny
 from workers import child_env
@@ -301,7 +301,7 @@ DTYPES = {"fp32": (), "bf16-base-fp32-adapters": (torch.bfloat16, torch.float32)
 def test_scaling_folded_into_b_only_when_a_power_of_two_above_one(alpha, folded, dtypes, monkeypatch):
     """r=8: scaling 2 and 4 are applied to B (out x r) instead of the weight-sized ``B @ A``;
     1, 1.5 and 0.5 are not. Either way vLLM gets PEFT's bits."""
-    from trl_compat.vllm_sync import merge
+    from trl_compat._helpers.vllm_sync import merge
 
     answers = []
     real = merge.fold_is_exact
@@ -328,7 +328,7 @@ FOLD_TRAPS = {
 @needs_peft
 @pytest.mark.parametrize("trap, adapters", [(t, d) for t, v in FOLD_TRAPS.items() for d in v[3]])
 def test_scaling_not_folded_where_that_changes_bits(trap, adapters):
-    from trl_compat.vllm_sync import fold, merge
+    from trl_compat._helpers.vllm_sync import fold, merge
 
     scaling, a_value, b_value, _ = FOLD_TRAPS[trap]
     model = _adapters_to(lora(), torch.float32 if adapters == "fp32" else torch.bfloat16)
@@ -374,7 +374,7 @@ def test_merged_buffers_reused_only_when_nobody_holds_them(case, question_adds_a
     merged weights; one that keeps each item, or only a view of it, still gets every value intact.
     Whether asking for a storage's use count counts the storage object the question creates
     differs between torch releases (vLLM's torch 2.6 vs 2.13 here): both are taken."""
-    from trl_compat.vllm_sync import merge
+    from trl_compat._helpers.vllm_sync import merge
 
     if not question_adds_a_user:
         real = merge._storage_users()
@@ -746,7 +746,7 @@ def test_grpo_lora_vllm_patched(tmp_path):
 
 
 def _zero3_worker(out_path):
-    """One rank (run as ``torch.distributed.run ... tests/test_vllm_sync.py --zero3-worker OUT``)."""
+    """One rank (run as ``torch.distributed.run ... tests/helpers/test_vllm_sync.py --zero3-worker OUT``)."""
     import json
 
     import deepspeed.comm.torch

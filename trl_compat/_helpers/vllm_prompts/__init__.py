@@ -43,8 +43,8 @@ import functools
 from typing import Any, Callable, Optional
 
 from trl_compat._engine import Verdict, undecided
-from trl_compat._source import code, defining_class
-from trl_compat.vllm_prompts.handoff import DOUBLE_BOS, SPECIAL_TOKENS, TRUNCATION, Handoff  # noqa: F401
+from trl_compat._helpers.source import code, defining_class
+from trl_compat._helpers.vllm_prompts.handoff import DOUBLE_BOS, SPECIAL_TOKENS, TRUNCATION, Handoff  # noqa: F401
 
 _STATE = "_trl_compat_vllm_prompts"
 

@@ -24,7 +24,7 @@ import types
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Tuple
 
 from trl_compat._engine import Verdict, not_needed, undecided
-from trl_compat._source import Code, code, defining_class, unwrap
+from trl_compat._helpers.source import Code, code, defining_class, unwrap
 
 NESTED = "get_per_token_logps"
 METHOD = "_get_per_token_logps"

@@ -1,10 +1,10 @@
-"""trl_compat._models.peel: the model under the wrappers training puts around it."""
+"""trl_compat._helpers.models.peel: the model under the wrappers training puts around it."""
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from trl_compat._models import peel
+from trl_compat._helpers.models import peel
 
 import tiny
 

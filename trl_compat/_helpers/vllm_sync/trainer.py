@@ -8,9 +8,9 @@ import logging
 from typing import Any, Callable
 
 from trl_compat._engine import warn_once
-from trl_compat._models import peel
-from trl_compat.vllm_sync.stream import Plan, push, push_inplace
-from trl_compat.vllm_sync.structure import Peft, UnsupportedModel
+from trl_compat._helpers.models import peel
+from trl_compat._helpers.vllm_sync.stream import Plan, push, push_inplace
+from trl_compat._helpers.vllm_sync.structure import Peft, UnsupportedModel
 
 log = logging.getLogger(__name__)
 

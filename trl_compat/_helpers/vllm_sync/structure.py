@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
-from trl_compat._models import peel
+from trl_compat._helpers.models import peel
 
 
 class UnsupportedModel(Exception):
