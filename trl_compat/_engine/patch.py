@@ -85,19 +85,28 @@ class _Record:
 
 
 class Patch(_Record):
-    """One patch, declared as data (``trl_compat/patches/__init__.py``).
+    """One patch, declared as data (``trl_compat/patches/__init__.py``): its whole declaration.
 
-    ``module``: importing it triggers the patch; ``target``: a dotted path inside it that must
-    resolve before probing; ``requires``: distribution -> PEP 440 window; ``opt_in``: an
-    environment variable that must be on for the patch to apply (a fix that changes the training
-    objective; off, a patch whose probe finds the bug reports "disabled").
-
-    ``probe(module) -> Verdict`` and ``apply(module, patcher)`` are given as functions, or as
-    ``code``, the module that defines both: it is imported only once the trigger module is, so
-    that ``import trl_compat`` stays cheap."""
+    - ``trigger``: the module whose import runs the patch.
+    - ``must_exist``: a dotted path inside ``trigger`` that must resolve before probing.
+    - ``changes``: every attribute the patch may change, as dotted paths relative to ``trigger``
+      (``"GRPOTrainer.__init__"``), or ``"module:Qual.name"`` for another module's attribute.
+      ``Patcher.wrap``/``replace`` refuse anything else; patches whose ``changes`` overlap stack
+      in registry order.
+    - ``requires``: distribution -> PEP 440 window (``affected(since, fixed_in)``).
+    - ``witnesses``: distribution -> ``{"inside": [...], "outside": [...]}``, versions the window
+      tests feed through the gate.
+    - ``summary`` (what the fix does), ``symptom`` (what a user sees without it: the error line or
+      the silent effect, one line), ``upstream``, ``remove_when``.
+    - ``opt_in``: an environment variable that must be on for the patch to apply (a fix that
+      changes the training objective; off, a patch whose probe finds the bug reports "disabled").
+    - ``impl``: our module defining ``probe(module) -> Verdict`` and ``apply(module, patcher)``;
+      it is imported only once the trigger module is, so that ``import trl_compat`` stays cheap.
+      Tests may give ``probe``/``apply`` as functions instead."""
 
     FIELDS = {"id": ..., "summary": ..., "upstream": ..., "trigger": ..., "must_exist": ..., "requires": ...,
-              "probe": None, "apply": None, "impl": "", "remove_when": "", "opt_in": ""}
+              "probe": None, "apply": None, "impl": "", "remove_when": "", "opt_in": "",
+              "changes": (), "witnesses": {}, "symptom": ""}
 
     def __init__(self, **values) -> None:
         super().__init__(**values)
