@@ -1,0 +1,95 @@
+"""README's patch table is the registry's, rendered by tools/write_readme_table.py (no TRL needed)."""
+
+import importlib.util
+import os
+
+from trl_compat.patches import PATCHES
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOL = os.path.join(ROOT, "tools", "write_readme_table.py")
+README = os.path.join(ROOT, "README.md")
+
+
+@pytest.fixture(scope="module")
+def tool():
+    if not os.path.isfile(TOOL):
+        pytest.skip("tools/write_readme_table.py is not in this tree (an sdist carries no tools/)")
+    spec = importlib.util.spec_from_file_location("write_readme_table", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_table_is_the_registrys(tool):
+    with open(README, encoding="utf-8") as handle:
+        current = tool.current_block(handle.read())
+    assert current == tool.block(PATCHES), "README.md's patch table is stale: run python tools/write_readme_table.py"
+
+
+def test_every_patch_has_a_row(tool):
+    table = tool.table(PATCHES)
+    for patch in PATCHES:
+        assert f"| `{patch.id}` |" in table
+
+
+def test_check_fails_on_a_stale_readme_and_says_how_to_regenerate(tool, tmp_path, capsys):
+    stale = tool.block(PATCHES).replace(f"`{PATCHES[0].id}`", "`a-renamed-patch`")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n\n{stale}\n\nafter\n", encoding="utf-8")
+    assert tool.main(["--check", "--readme", str(readme)]) == 1
+    assert "python tools/write_readme_table.py" in capsys.readouterr().err
+    assert tool.main(["--readme", str(readme)]) == 0
+    rewritten = readme.read_text(encoding="utf-8")
+    assert rewritten == f"# title\n\n{tool.block(PATCHES)}\n\nafter\n"
+    assert tool.main(["--check", "--readme", str(readme)]) == 0
+
+
+def test_symptom_is_shown_and_summary_only_while_it_is_empty(tool):
+    with_symptom = PATCHES[0].replace(symptom="ImportError: the error a user sees")
+    without = PATCHES[0].replace(symptom="")
+    assert "ImportError: the error a user sees" in tool.table([with_symptom])
+    assert PATCHES[0].summary not in tool.table([with_symptom])
+    assert without.summary.split()[0] in tool.table([without])
+
+
+@pytest.mark.parametrize(
+    "requires, shown",
+    [
+        ({"trl": ">=0.14.0.dev0,<0.16.0a0", "transformers": ">=5.0.0.dev0"}, "TRL 0.14.0 – 0.15.x; transformers ≥ 5.0"),
+        ({"transformers": ">=4.52.0.dev0", "trl": ">=0.15.0.dev0,<0.17.0a0"}, "TRL 0.15.0 – 0.16.x; transformers ≥ 4.52"),
+        ({"trl": ">=0.14.0.dev0,<0.15.0a0"}, "TRL 0.14.x"),
+        ({"trl": ">=0.15.0.dev0,<0.15.1a0"}, "TRL 0.15.0"),
+        ({"trl": ">=0.17.0.dev0,<0.18.2a0"}, "TRL 0.17.0 – 0.18.1"),
+        ({"trl": ">=0.14.0.dev0,<0.16.0a0", "deepspeed": ">=0"}, "TRL 0.14.0 – 0.15.x; DeepSpeed installed"),
+        ({"trl": ">=0.14.0.dev0,<0.16.0a0", "vllm": ">=0.8.0.dev0"}, "TRL 0.14.0 – 0.15.x; vLLM ≥ 0.8"),
+        ({"peft": ">=0.0.dev0"}, "peft installed"),
+        ({"trl": ">=0.14.0,<=0.17.0"}, "TRL >=0.14.0,<=0.17.0"),  # a form it does not know: as written
+    ],
+)
+def test_windows_read_as_people_write_them(tool, requires, shown):
+    assert tool.render_requires(requires) == shown
+
+
+@pytest.mark.parametrize(
+    "upstream, shown",
+    [
+        (
+            "https://github.com/huggingface/trl/issues/3287 (fixed by PR #3290 in 0.17.0)",
+            "TRL 0.17.0 ([TRL issue #3287](https://github.com/huggingface/trl/issues/3287))",
+        ),
+        (
+            "https://github.com/huggingface/trl/issues/2849 (PeftModel NameError, fixed by PR #2850 before 0.15.0); "
+            "get_peft_model NameError fixed by PR #2848 in 0.16.0",
+            "TRL 0.16.0 ([TRL issue #2849](https://github.com/huggingface/trl/issues/2849))",
+        ),
+        (
+            "https://github.com/huggingface/trl/issues/3115 (never fixed in-process; server mode in 0.16.0)",
+            "not fixed ([TRL issue #3115](https://github.com/huggingface/trl/issues/3115))",
+        ),
+        ("none for TRL 0.14-0.19; TRL 0.20's rewrite (PR #3072) no longer passes it", "none for TRL 0.14-0.19"),
+    ],
+)
+def test_upstream_is_shortened_to_the_fixing_release(tool, upstream, shown):
+    assert tool.render_upstream(upstream) == shown
