@@ -1,46 +1,124 @@
-"""A 3-step GRPO run on the CPU with trl_compat, on a tiny model built in code.
+"""What trl_compat buys, shown on the CPU: two TRL bugs, each without and with its fix.
 
-In your own script the only change is the first import. A real run would load a
-model from the Hub; nothing can be downloaded here, so the model and tokenizer
-are built in code by the test fixtures (``tests/support/tiny.py``).
+    python examples/grpo_cpu.py                      # both fixes (tox -e example runs this)
+    python examples/grpo_cpu.py logps-temperature    # one of them
+
+For each fix, the same short GRPO run (``examples/tiny_grpo.py``: a tiny model built in code,
+3 steps, a few seconds) runs twice in a fresh process: first with ``TRL_COMPAT_DISABLE=<id>``
+(TRL as it is), then with the fix on. Fresh processes, because trl_compat patches TRL when TRL is
+imported; an environment variable set before that is how a user switches a fix off too.
+
+* ``pad-token`` (a crash): a tokenizer without a pad token, as GPT-2 and Llama-3 base ship.
+  TRL < 0.17 dies at the first step; with the fix it trains.
+* ``logps-temperature`` (silent): TRL < 0.16 samples completions at ``temperature`` (default 0.9)
+  but computes the log-probs it trains on at temperature 1. Nothing fails; the run learns from a
+  biased gradient. The example measures the temperature of the log-probs by value.
+
+The pinned stack is TRL 0.15.0 and transformers 4.48.3 (``examples/requirements.txt``): both bugs are
+there. Exit status 0 only if every "before" run shows its bug and every "after" run its fix.
 """
 
-import logging
+import json
+import math
 import os
+import subprocess
 import sys
-import tempfile
 
-import trl_compat  # first or after trl: both work
+TINY_GRPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_grpo.py")
 
-logging.basicConfig(level=logging.WARNING, format="%(message)s")
-logging.getLogger("trl_compat").setLevel(logging.INFO)
+FIXES = {
+    "pad-token": "a tokenizer without a pad token (as GPT-2 and Llama-3 base ship)",
+    "logps-temperature": "completions are sampled at temperature 0.9 (TRL's default); and the log-probs?",
+}
+# logps-temperature is opt-in: switched on, it changes what existing runs optimise, so trl_compat
+# waits to be asked. Both of its runs ask; the "before" run then switches it off like any other fix.
+EXTRA_ENV = {"logps-temperature": {"TRL_COMPAT_LOGPS_TEMPERATURE": "1"}}
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support"))
-from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
-import tiny  # noqa: E402
+def run_tiny_grpo(fix, fix_on):
+    env = {**os.environ, **EXTRA_ENV.get(fix, {})}
+    env.pop("TRL_COMPAT_DISABLE", None)
+    if not fix_on:
+        env["TRL_COMPAT_DISABLE"] = fix
+    proc = subprocess.run([sys.executable, TINY_GRPO, fix], env=env, capture_output=True, text=True)
+    results = [line[len("RESULT ") :] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not results:  # not the bug's crash (that one is caught): the example is broken
+        sys.exit(f"{TINY_GRPO} {fix} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    return json.loads(results[-1])
 
 
-def main():
-    with tempfile.TemporaryDirectory() as workdir:
-        model_dir = tiny.save_tiny(os.path.join(workdir, "tiny-qwen2"), "qwen2")
-        config = GRPOConfig(
-            output_dir=os.path.join(workdir, "out"), max_steps=3, per_device_train_batch_size=4,
-            num_generations=2, max_prompt_length=16, max_completion_length=8, learning_rate=1e-3,
-            logging_steps=1, report_to="none", save_strategy="no", bf16=False, seed=0,
-        )
-        trainer = GRPOTrainer(
-            model=model_dir, reward_funcs=tiny.varying_reward, args=config,
-            train_dataset=tiny.prompt_dataset(8), processing_class=tiny.make_tokenizer(),
-        )
-        trainer.train()
-        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-        print(f"GRPO finished {trainer.state.global_step} steps; losses {losses}")
-        records = trl_compat.report()
-        width = max(len(rec.id) for rec in records)
-        for rec in records:
-            print(f"  {rec.id:<{width}}  {rec.status:<10}  {rec.reason}")
+def before_after(fix):
+    """The tiny GRPO run's results without the fix, then with it."""
+    return run_tiny_grpo(fix, fix_on=False), run_tiny_grpo(fix, fix_on=True)
+
+
+def trained(result):
+    steps = result["steps"]
+    return result["error"] is None and len(steps) == 3 and all(math.isfinite(step["grad_norm"]) for step in steps)
+
+
+# Each show_<fix> prints the two runs side by side and returns (bug shown before, fix shown after).
+
+
+def show_pad_token(before, after):
+    # The error's first sentence is the line a user would search for; the rest is advice.
+    print(f"  without the fix:  {(before['error'] or 'no error').split('. ')[0]}")
+    outcome = f"trained {len(after['steps'])} steps" if trained(after) else after["error"]
+    print(f"  with the fix:     {outcome}, the pad token set to {after['pad_token']!r} (the EOS, as TRL 0.17 does)")
+    bug_shown = before["error"] is not None and "padding token" in before["error"]
+    return bug_shown, trained(after) and after["pad_token"] == "</s>"
+
+
+def show_logps_temperature(before, after):
+    def row(name, before_value, after_value):
+        print(f"  {name:<36}{before_value:<20}{after_value}")
+
+    def temperatures(result):
+        return ", ".join(f"{t:.2f}" for t in result["logps_temperatures"]) or "-"
+
+    def norms(result):
+        return " ".join(f"{step['grad_norm']:.3f}" for step in result["steps"])
+
+    sampled = before["sampling_temperature"]
+    row("", "without the fix", "with the fix")
+    row("completions sampled at temperature", f"{sampled:.2f}", f"{after['sampling_temperature']:.2f}")
+    row("log-probs computed at temperature", temperatures(before), temperatures(after))
+    # The logged loss is no help here: at the first step of GRPO it is 0 by construction (ratio 1,
+    # no KL yet), and later steps round it to 1e-4. The gradient is what the temperature changes.
+    row("gradient norm, steps 1 2 3", norms(before), norms(after))
+    bug_shown = sampled != 1.0 and before["logps_temperatures"] == [1.0]
+    return bug_shown, trained(after) and after["logps_temperatures"] == [sampled]
+
+
+SHOW = {"pad-token": show_pad_token, "logps-temperature": show_logps_temperature}
+
+
+def main(fixes):
+    unknown = sorted(set(fixes) - set(FIXES))
+    if unknown:
+        sys.exit(f"no example for {', '.join(unknown)}: choose from {', '.join(FIXES)}")
+    failures = []
+    for number, fix in enumerate(fixes, 1):
+        before, after = before_after(fix)
+        if number == 1:
+            print(
+                f"TRL {before['trl']}, transformers {before['transformers']}, torch {before['torch']}; "
+                "vLLM: none, not needed (TRL generates with transformers unless use_vllm=True)."
+            )
+            print("Each fix: the same 3-step GRPO run on a tiny model, first with TRL_COMPAT_DISABLE=<fix>, then with the fix on.\n")
+        print(f"[{number}/{len(fixes)}] {fix}: {FIXES[fix]}")
+        print(f"  trl_compat's status for it: {before['status']} (before), {after['status']} (after)")
+        bug_shown, fix_shown = SHOW[fix](before, after)
+        if not bug_shown:
+            failures.append(f"{fix}: the run without the fix did not show the bug (TRL {before['trl']})")
+        if not fix_shown:
+            failures.append(f"{fix}: the run with the fix did not show it working")
+        print()
+    for failure in failures:
+        print("FAILED " + failure)
+    print("FAILED" if failures else "OK: each bug shown without its fix, and fixed with it")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:] or list(FIXES)))
