@@ -141,8 +141,9 @@ def test_patches_that_declare_different_attributes_do_not_stack(fake_pkg, make_p
     that declare an attribute it declares come off, and go back on above it."""
     mod = importlib.import_module(fake_pkg)
     applies = []
-    late = make_patch(fake_pkg, probe=lambda m: engine.not_needed("not yet"), apply=_tagging("late", applies),
-                      changes=("Trainer.step",))
+    late = make_patch(
+        fake_pkg, probe=lambda m: engine.not_needed("not yet"), apply=_tagging("late", applies), changes=("Trainer.step",)
+    )
     other = make_patch(fake_pkg, apply=_tagging("other", applies, name="other"), changes=("Trainer.other",))
     upper = make_patch(fake_pkg, apply=_tagging("upper", applies), changes=("Trainer.step",))
     trl_compat.install(late.id, other.id, upper.id)
