@@ -1,11 +1,13 @@
 """A patch's life: ``install()`` gates it and hooks it to its trigger module; the hook probes
-the real code and applies the patch through a :class:`Patcher`; ``revert()`` undoes it.
-Patches that change the same attribute stack in registration order, whatever order they are
-installed and reverted in."""
+the real code and applies the patch through a :class:`Patcher` that allows only the attributes
+the patch declares in ``changes`` (anything else fails the patch and rolls it back);
+``revert()`` undoes it. Patches whose declared ``changes`` overlap stack in registration order
+(:func:`stacking`), whatever order they are installed and reverted in. The state all this
+reads and sets is :data:`.state.REGISTRY`'s."""
 
 from __future__ import annotations
 
-from trl_compat._engine import hooks, logs, targets
+from trl_compat._engine import hooks, logs
 from trl_compat._engine.patch import (
     APPLIED,
     CONFLICT,
@@ -20,7 +22,7 @@ from trl_compat._engine.patch import (
 )
 from trl_compat._engine.patcher import AlreadyPatched, Patcher
 from trl_compat._engine.state import REGISTRY, _disabled_ids, switched_on
-from trl_compat._engine.targets import declared, foreign_owner, resolve
+from trl_compat._engine.targets import declared, foreign_owner, resolve, stacking_order
 from trl_compat._engine.versions import gate
 
 TYPE_CHECKING = False
@@ -172,7 +174,7 @@ def stacking(attribute: str) -> List[str]:
     """The ids of the registered patches whose ``changes`` include ``attribute`` (absolute:
     ``"trl.trainer.grpo_trainer:GRPOTrainer.__init__"``), lowest first: the order they stack in,
     whatever order they are installed and reverted in."""
-    return targets.stacking(attribute, REGISTRY.patches())
+    return stacking_order(attribute, REGISTRY.patches())
 
 
 def _unique(patches: List[Patch]) -> List[Patch]:

@@ -71,7 +71,7 @@ def resolve_changes(names: Iterable[str]) -> list[tuple[Any, str]]:
     return found
 
 
-def stacking(attribute: str, patches: Iterable[Patch]) -> list[str]:
+def stacking_order(attribute: str, patches: Iterable[Patch]) -> list[str]:
     """The ids of ``patches`` that declare ``attribute`` (absolute ``"module:Qual.name"``) in
     their ``changes``, in the order they stack: the order given (the registry's), first lowest."""
     return [patch.id for patch in patches if attribute in declared(patch)]
