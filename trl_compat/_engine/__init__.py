@@ -11,8 +11,9 @@ A patch is declared once as a :class:`Patch`: data, plus the module of its ``pro
 3. *Probe* the real code (the patch's module is imported now, not before): only a probe that
    finds the bug lets the patch apply.
 4. *Apply* through a :class:`Patcher` (:mod:`.patcher`), which records every attribute it
-   changes. If ``apply`` raises, the records are undone: nothing is left
-   half-patched. ``revert()`` undoes the same records (:mod:`.lifecycle`).
+   changes and refuses one the patch's ``changes`` do not declare. If ``apply`` raises, the
+   records are undone: nothing is left half-patched. ``revert()`` undoes the same records
+   (:mod:`.lifecycle`).
 
 :mod:`.state`'s :class:`~.state.Registry` owns the patches, their states and the lock;
 :mod:`.lifecycle` changes them, :mod:`.reporting` reads them back. :mod:`.targets` resolves
