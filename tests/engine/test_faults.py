@@ -11,6 +11,7 @@ import textwrap
 
 import trl_compat
 from trl_compat import _engine as engine
+from trl_compat import testing
 
 import pytest
 
@@ -24,7 +25,7 @@ IDS = [p.id for p in engine.registry()]
 # What the applied patches' Patchers recorded changes on, taken now, while every one that applies in
 # this cell is on: TRL's classes, and any module or class outside TRL (transformers5-warnings-issued
 # changes transformers' PreTrainedModel).
-RECORDED = list({id(o): o for s in engine._states.values() if s.patcher for o in s.patcher.owners()}.values())
+RECORDED = testing.changed_owners()
 
 
 def trl_namespaces():
@@ -61,10 +62,10 @@ def applied_patch(request, monkeypatch):
     monkeypatch.delenv("TRL_COMPAT_STRICT", raising=False)
     if trl_compat.status(pid) != trl_compat.APPLIED:
         pytest.skip(f"{pid} is {trl_compat.status(pid)} in this cell")
-    original = engine._registry[pid]
+    saved = testing.snapshot()
     stack = stacked_with(pid)
-    yield original
-    engine._registry[pid] = original
+    yield saved[pid]
+    testing.restore(saved)
     trl_compat.revert(*stack)
     trl_compat.install(*stack)
     assert {trl_compat.status(p) for p in stack} == {trl_compat.APPLIED}, trl_compat.report()
@@ -74,8 +75,8 @@ def stacked_with(pid):
     """``pid`` and the applied patches that wrap an attribute it wraps (vllm-merged-weights and
     vllm-prefix-cache on TRL 0.15.0): a test that breaks the attribute under one of them takes
     them all off, so that only ``pid`` is put to the test."""
-    mine = engine._states[pid].touched
-    return [pid] + [p for p in trl_compat.applied() if p != pid and engine._states[p].touched & mine]
+    mine = testing.touched(pid)
+    return [pid] + [p for p in trl_compat.applied() if p != pid and testing.touched(p) & mine]
 
 
 def unpatched_snapshot(pid):
@@ -123,8 +124,7 @@ def test_a_probe_that_raises_leaves_trl_untouched(applied_patch, caplog):
     def probe(module):
         raise RuntimeError("injected probe failure")
 
-    engine._registry[pid] = applied_patch.replace(probe=probe)
-    with caplog.at_level(logging.WARNING, logger="trl_compat"):
+    with testing.forced(pid, probe=probe), caplog.at_level(logging.WARNING, logger="trl_compat"):
         trl_compat.install(pid)
     assert trl_compat.status(pid) == trl_compat.FAILED
     assert "injected probe failure" in caplog.text
@@ -142,8 +142,7 @@ def test_an_apply_that_raises_after_changing_things_is_rolled_back(applied_patch
         changed_by_apply.extend(differences(before, snapshot()))
         raise RuntimeError("injected apply failure")
 
-    engine._registry[pid] = applied_patch.replace(apply=apply)
-    with caplog.at_level(logging.WARNING, logger="trl_compat"):
+    with testing.forced(pid, apply=apply), caplog.at_level(logging.WARNING, logger="trl_compat"):
         trl_compat.install(pid)
     assert changed_by_apply, "the real apply changed nothing before the injected failure"
     assert trl_compat.status(pid) == trl_compat.FAILED

@@ -11,6 +11,7 @@ import threading
 
 import trl_compat
 from trl_compat import _engine as engine
+from trl_compat import testing
 from trl_compat._engine import Patch, needed, not_needed, undecided
 from trl_compat.patches import PATCHES
 
@@ -266,7 +267,7 @@ def test_a_second_copy_of_the_engine_does_not_wrap_again(fake_pkg, make_patch, c
     first = make_patch(fake_pkg, pid="test-twin")
     trl_compat.install(first.id)
     # What a reloaded copy of trl_compat sees: the class is patched, its own state is fresh.
-    del engine._registry["test-twin"], engine._states["test-twin"]
+    testing.forget("test-twin")
     make_patch(fake_pkg, pid="test-twin")
     trl_compat.install("test-twin")
     assert trl_compat.status("test-twin") == trl_compat.APPLIED

@@ -561,3 +561,25 @@ def test_grpo_run(tmp_path, arch, lora):
         assert rows == k + 1, (role, rows, k)  # the logits it got
     inner = peel(trainer.model)
     assert ltk._ours(vars(inner).get("forward"))
+
+
+def test_the_entry_falls_back_to_trl_when_preparing_a_model_fails(facts, monkeypatch, caplog):
+    """Preparing the models is the wrapper's own bookkeeping (``_engine.guarded``): if it fails,
+    TRL's method runs unchanged and the failure is logged once, with its cause."""
+    import logging
+
+    from trl_compat.patches.logits_to_keep import prepare
+
+    def broken(model):
+        raise RuntimeError("cannot prepare")
+
+    def original(self, model, input_ids):
+        return ("trl", model, input_ids)
+
+    facts("logits_to_keep", False)
+    monkeypatch.delenv("TRL_COMPAT_STRICT", raising=False)
+    monkeypatch.setattr(prepare, "prepare_model", broken)
+    entry = prepare.wrap_entry(original, ltk.SWITCH.active)
+    with caplog.at_level(logging.WARNING, logger="trl_compat"):
+        assert entry(object(), "the model", input_ids=1) == ("trl", "the model", 1)
+    assert "logits-to-keep: preparing the model failed (RuntimeError: cannot prepare); TRL runs unchanged" in caplog.text

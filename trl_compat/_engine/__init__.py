@@ -11,17 +11,22 @@ A patch is declared once as a :class:`Patch`: data, plus the module of its ``pro
 3. *Probe* the real code (the patch's module is imported now, not before): only a probe that
    finds the bug lets the patch apply.
 4. *Apply* through a :class:`Patcher` (:mod:`.patcher`), which records every attribute it
-   changes. If ``apply`` raises, the records are undone: nothing is left
-   half-patched. ``revert()`` undoes the same records (:mod:`.lifecycle`).
+   changes and refuses one the patch's ``changes`` do not declare. If ``apply`` raises, the
+   records are undone: nothing is left half-patched. ``revert()`` undoes the same records
+   (:mod:`.lifecycle`).
 
-:mod:`.state` holds the registry and sets statuses, :mod:`.reporting` reads them back.
-Nothing here raises into the user's program unless ``TRL_COMPAT_STRICT=1``.
+:mod:`.state`'s :class:`~.state.Registry` owns the patches, their states and the lock;
+:mod:`.lifecycle` changes them, :mod:`.reporting` reads them back. :mod:`.targets` resolves
+what a patch declares it changes and how patches stack. At run time, a wrapper's own
+bookkeeping goes through :func:`guarded` (:mod:`.guard`). Nothing here raises into the user's
+program unless ``TRL_COMPAT_STRICT=1``. Tests reach the engine's state through
+:mod:`trl_compat.testing`.
 """
 
-from trl_compat._engine.lifecycle import install, revert, unregister
+from trl_compat._engine.guard import guarded
+from trl_compat._engine.lifecycle import install, revert, stacking, unregister
 from trl_compat._engine.logs import warn_once
 from trl_compat._engine.patch import (
-    _TROUBLE,  # noqa: F401 - for tests, as the module had it
     APPLIED,
     CONFLICT,
     DISABLED,
@@ -41,15 +46,15 @@ from trl_compat._engine.patch import (
     not_needed,
     undecided,
 )
-from trl_compat._engine.patcher import MARKER, AlreadyPatched, Patcher, markers, raw_attribute
+from trl_compat._engine.patcher import MARKER, AlreadyPatched, Patcher, UndeclaredChange, markers, raw_attribute
 from trl_compat._engine.reporting import applied, report, status
-from trl_compat._engine.state import _registry, _states, register, registry, strict, switched_on  # noqa: F401 - tests read and swap entries
+from trl_compat._engine.state import register, registry, strict, switched_on
 from trl_compat._engine.versions import affected, dist_version, gate
 
 __all__ = [
     "APPLIED", "CONFLICT", "DISABLED", "FAILED", "MARKER", "NOT_NEEDED", "PENDING", "REVERTED",
     "TARGET_MISSING", "UNDECIDED", "UNKNOWN_VERSION", "AlreadyPatched", "Patch", "PatchStatus",
-    "Patcher", "SourceUnavailable", "TrlCompatError", "Verdict", "affected", "applied", "dist_version", "gate", "install",
-    "markers", "needed", "not_needed", "raw_attribute", "register", "registry", "report", "revert",
-    "status", "strict", "switched_on", "undecided", "unregister", "warn_once",
+    "Patcher", "SourceUnavailable", "TrlCompatError", "UndeclaredChange", "Verdict", "affected", "applied", "dist_version",
+    "gate", "guarded", "install", "markers", "needed", "not_needed", "raw_attribute", "register", "registry", "report",
+    "revert", "stacking", "status", "strict", "switched_on", "undecided", "unregister", "warn_once",
 ]

@@ -62,7 +62,8 @@ class _Finder:
                 spec = finder.find_spec(fullname, path, target)
                 if spec is not None:
                     if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                        spec.loader = _Loader(spec.loader)
+                        # a Loader by duck typing; subclassing importlib.abc.Loader would import it at start-up
+                        spec.loader = _Loader(spec.loader)  # type: ignore[assignment]
                     return spec
             return None
         finally:

@@ -1,7 +1,9 @@
 """A patch's life: ``install()`` gates it and hooks it to its trigger module; the hook probes
-the real code and applies the patch through a :class:`Patcher`; ``revert()`` undoes it.
-Patches that change the same attribute stack in registration order, whatever order they are
-installed and reverted in."""
+the real code and applies the patch through a :class:`Patcher` that allows only the attributes
+the patch declares in ``changes`` (anything else fails the patch and rolls it back);
+``revert()`` undoes it. Patches whose declared ``changes`` overlap stack in registration order
+(:func:`stacking`), whatever order they are installed and reverted in. The state all this
+reads and sets is :data:`.state.REGISTRY`'s."""
 
 from __future__ import annotations
 
@@ -19,25 +21,14 @@ from trl_compat._engine.patch import (
     SourceUnavailable,
 )
 from trl_compat._engine.patcher import AlreadyPatched, Patcher
-from trl_compat._engine.state import (
-    _disabled_ids,
-    _lock,
-    _log_summary_when_settled,
-    _position,
-    _registry,
-    _select,
-    _set,
-    _states,
-    _unique,
-    registry,
-    switched_on,
-)
+from trl_compat._engine.state import REGISTRY, _disabled_ids, switched_on
+from trl_compat._engine.targets import declared, foreign_owner, resolve, stacking_order
 from trl_compat._engine.versions import gate
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
-    from typing import Any, Callable, List, Optional
+    from typing import Callable, List
 
     from trl_compat._engine.patch import Patch
 
@@ -53,21 +44,21 @@ def install(*ids: str) -> None:
     and goes back on after it."""
     disabled = _disabled_ids()
     to_hook = []
-    with _lock:
-        selected = _select(ids)
-        above = _stacked_above([p for p in selected if _states[p.id].patcher is None])
-        for patch in sorted(above, key=_position, reverse=True):
+    with REGISTRY.lock:
+        selected = REGISTRY.select(ids)
+        above = _stacked_above([p for p in selected if REGISTRY.state(p.id).patcher is None])
+        for patch in sorted(above, key=REGISTRY.position, reverse=True):
             _take_off(patch, "taken off to re-apply a patch below it")
-        for patch in sorted(_unique(selected + above), key=_position):
-            state = _states[patch.id]
+        for patch in sorted(_unique(selected + above), key=REGISTRY.position):
+            state = REGISTRY.state(patch.id)
             if state.patcher is not None or (state.status == PENDING and state.generation > 0):
                 continue
             if "*" in disabled or patch.id in disabled:
-                _set(patch, DISABLED, "switched off by TRL_COMPAT_DISABLE")
+                REGISTRY.set_status(patch, DISABLED, "switched off by TRL_COMPAT_DISABLE")
                 continue
             status, reason, state.versions = gate(patch)
             if status is not None:
-                _set(patch, status, reason)
+                REGISTRY.set_status(patch, status, reason)
                 continue
             state.generation += 1
             state.status, state.reason = PENDING, f"waiting for `import {patch.trigger}`"
@@ -89,90 +80,83 @@ def _make_hook(patch_id: str, generation: int) -> Callable[[ModuleType], None]:
                 module = importlib.import_module(module.__name__)
             except Exception:  # noqa: BLE001 - its import failed: nothing to patch
                 return
-        with _lock:
-            state = _states[patch_id]
+        with REGISTRY.lock:
+            if patch_id not in REGISTRY:
+                return  # forgotten since
+            state = REGISTRY.state(patch_id)
             if state.generation != generation or state.status != PENDING:
                 return  # neutralised by revert(), or already handled
-            _resolve(_registry[patch_id], module)
-            _log_summary_when_settled()
+            _probe_and_apply(REGISTRY.patch(patch_id), module)
+        REGISTRY.log_summary_when_settled()
 
     return hook
 
 
-def _resolve_target(module: ModuleType, dotted: str) -> Any:
-    obj: Any = module
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _foreign_owner(patch: Patch, module: ModuleType) -> Optional[str]:
-    """Name the class that replaced the module's own one (Unsloth does this), if any."""
-    owner = getattr(module, patch.must_exist.split(".")[0], None)
-    if isinstance(owner, type) and owner.__module__ != module.__name__:
-        return f"{owner.__module__}.{owner.__qualname__}"
-    return None
-
-
-def _resolve(patch: Patch, module: ModuleType) -> None:
-    _states[patch.id].module = module
+def _probe_and_apply(patch: Patch, module: ModuleType) -> None:
+    set_status = REGISTRY.set_status
+    state = REGISTRY.state(patch.id)
+    state.module = module
     try:
-        _resolve_target(module, patch.must_exist)
+        resolve(module, patch.must_exist)
     except AttributeError:
-        _set(patch, TARGET_MISSING, f"{patch.trigger}.{patch.must_exist} does not exist in this release")
+        set_status(patch, TARGET_MISSING, f"{patch.trigger}.{patch.must_exist} does not exist in this release")
         return
-    foreign = _foreign_owner(patch, module)
+    foreign = foreign_owner(patch, module)
     if foreign:
         # Its methods were rebuilt from TRL's source by someone else: wrapping
         # them again would patch twice, or patch code we never probed.
-        _set(patch, CONFLICT, f"{patch.trigger}.{patch.must_exist.split('.')[0]} was replaced by {foreign}; left alone")
+        set_status(patch, CONFLICT, f"{patch.trigger}.{patch.must_exist.split('.')[0]} was replaced by {foreign}; left alone")
+        return
+    if patch.probe is None or patch.apply is None:
+        set_status(patch, FAILED, "declares neither impl nor probe and apply")
         return
     try:
         verdict = patch.probe(module)
     except SourceUnavailable as exc:
-        _set(patch, UNDECIDED, str(exc))
+        set_status(patch, UNDECIDED, str(exc))
         return
     except Exception as exc:  # noqa: BLE001 - a probe must never break the host
-        _set(patch, FAILED, f"probe raised {type(exc).__name__}: {exc}")
+        set_status(patch, FAILED, f"probe raised {type(exc).__name__}: {exc}")
         return
     if verdict.needed is None:
-        _set(patch, UNDECIDED, verdict.reason)
+        set_status(patch, UNDECIDED, verdict.reason)
         return
     if not verdict.needed:
-        _set(patch, NOT_NEEDED, verdict.reason)
+        set_status(patch, NOT_NEEDED, verdict.reason)
         return
     if patch.opt_in and not switched_on(patch.opt_in):
         log.info("trl_compat: %s: %s; opt-in: set %s=1 to apply the fix", patch.id, verdict.reason, patch.opt_in)
-        _set(patch, DISABLED, f"opt-in, off: {verdict.reason}; set {patch.opt_in}=1 to apply the fix")
+        set_status(patch, DISABLED, f"opt-in, off: {verdict.reason}; set {patch.opt_in}=1 to apply the fix")
         return
-    patcher = Patcher(patch.id)
+    # A patch that declares its changes may change nothing else; one that declares none yet
+    # may change anything (the fallback until every registry entry declares its changes).
+    patcher = Patcher(patch.id, declared(patch) or None)
     try:
         patch.apply(module, patcher)
     except AlreadyPatched as exc:
         # Another copy of trl_compat (vendored and installed, or reloaded): never wrap twice.
         patcher.undo()
-        _set(patch, APPLIED, f"already patched by another copy of trl_compat ({exc})")
+        set_status(patch, APPLIED, f"already patched by another copy of trl_compat ({exc})")
         return
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - UndeclaredChange included
         patcher.undo()
-        _set(patch, FAILED, f"apply raised {type(exc).__name__}: {exc}; changes rolled back")
+        set_status(patch, FAILED, f"apply raised {type(exc).__name__}: {exc}; changes rolled back")
         return
-    state = _states[patch.id]
     state.patcher, state.touched, state.changed = patcher, patcher.touched(), patcher.changed()
-    _set(patch, APPLIED, verdict.reason)
+    set_status(patch, APPLIED, verdict.reason)
 
 
 def revert(*ids: str) -> None:
     """Undo the given patches (default: all), newest first, and neutralise
     their hooks that have not fired yet. ``install()`` re-applies.
 
-    A patch stacked above one of them (it wraps the same attribute) comes off
+    A patch stacked above one of them (it changes the same attribute) comes off
     first and is applied again afterwards, on what is left: undoing only the
     lower one would leave it half in place under the upper one."""
-    with _lock:
-        chosen = _select(ids)
+    with REGISTRY.lock:
+        chosen = REGISTRY.select(ids)
         above = _stacked_above(chosen)
-        for patch in sorted(_unique(chosen + above), key=_position, reverse=True):
+        for patch in sorted(_unique(chosen + above), key=REGISTRY.position, reverse=True):
             _take_off(patch, "reverted by trl_compat.revert()")
     if above:
         install(*(p.id for p in above))
@@ -180,15 +164,25 @@ def revert(*ids: str) -> None:
 
 def unregister(patch_id: str) -> None:
     """Revert and forget a patch (for tests that register their own)."""
-    with _lock:
-        if patch_id in _registry:
+    with REGISTRY.lock:
+        if patch_id in REGISTRY:
             revert(patch_id)
-            del _registry[patch_id]
-            del _states[patch_id]
+            REGISTRY.forget(patch_id)
+
+
+def stacking(attribute: str) -> List[str]:
+    """The ids of the registered patches whose ``changes`` include ``attribute`` (absolute:
+    ``"trl.trainer.grpo_trainer:GRPOTrainer.__init__"``), lowest first: the order they stack in,
+    whatever order they are installed and reverted in."""
+    return stacking_order(attribute, REGISTRY.patches())
+
+
+def _unique(patches: List[Patch]) -> List[Patch]:
+    return list({p.id: p for p in patches}.values())
 
 
 def _take_off(patch: Patch, reason: str) -> None:
-    state = _states[patch.id]
+    state = REGISTRY.state(patch.id)
     state.generation += 1
     if state.patcher is not None:
         state.patcher.undo()
@@ -198,26 +192,38 @@ def _take_off(patch: Patch, reason: str) -> None:
         state.status, state.reason = REVERTED, "reverted before its trigger module was imported"
 
 
+def _stacks_on(lower: Patch, upper: Patch, first_time: bool) -> bool:
+    """Whether ``upper`` (applied, registered after ``lower``) changes an attribute ``lower``
+    changes, so that it must come off before ``lower`` is taken off or put on again.
+
+    Both declare their ``changes``: the declarations overlap. Otherwise (the fallback while an
+    entry declares none) what they changed when last applied overlaps, and a ``lower`` being
+    applied for the ``first_time`` may change anything of its trigger module: every later patch
+    applied there counts as above it (taking one off and on again costs a re-wrap; wrapping
+    above it would not stack in registration order)."""
+    if lower.changes and upper.changes:
+        return not set(declared(lower)).isdisjoint(declared(upper))
+    if first_time:
+        return lower.trigger == upper.trigger
+    return not REGISTRY.state(lower.id).touched.isdisjoint(REGISTRY.state(upper.id).touched)
+
+
 def _stacked_above(moving: List[Patch]) -> List[Patch]:
-    """Applied patches, other than ``moving``, registered after one of them and
-    changing an attribute it changes (or changed when last applied), and in
-    turn those above them. A moving patch never applied yet may change anything
-    of its trigger module: every later patch applied there counts as above it
-    (taking one off and on again costs a re-wrap; wrapping above it would not
-    stack in registration order)."""
-    moving_ids = {p.id for p in moving}
-    below = [(_position(p), _states[p.id].touched, None if _states[p.id].touched else p.trigger) for p in moving]
+    """Applied patches, other than ``moving``, registered after one of them and stacking on it
+    (:func:`_stacks_on`), and in turn those above them."""
+    below = [(p, not REGISTRY.state(p.id).touched) for p in moving]
+    seen = {p.id for p in moving}
     above: List[Patch] = []
     grew = True
     while grew:
         grew = False
-        for patch in registry():
-            state = _states[patch.id]
-            if patch.id in moving_ids or patch in above or state.patcher is None:
+        for patch in REGISTRY.patches():
+            if patch.id in seen or REGISTRY.state(patch.id).patcher is None:
                 continue
-            if any(pos < _position(patch) and (state.touched & touched or module == patch.trigger)
-                   for pos, touched, module in below):
+            position = REGISTRY.position(patch)
+            if any(REGISTRY.position(low) < position and _stacks_on(low, patch, first) for low, first in below):
                 above.append(patch)
-                below.append((_position(patch), state.touched, None))
+                below.append((patch, False))
+                seen.add(patch.id)
                 grew = True
     return above

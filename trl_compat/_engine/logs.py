@@ -19,7 +19,7 @@ import sys
 WARNING = 30
 
 _lock = _thread.allocate_lock()
-_warned = set()  # (logger name, key)
+_warned: set[tuple[str, object]] = set()  # (logger name, key)
 
 
 class Logger:

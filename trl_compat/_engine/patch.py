@@ -1,11 +1,22 @@
 """What a patch is: its declaration, what its probe may say, the statuses it can be in.
 
-Plain classes, not dataclasses: this runs at interpreter start-up, where ``dataclasses`` (and
-the ``inspect`` it imports) would cost more than trl_compat's own code."""
+Plain classes with ``__slots__`` and keyword ``__init__``, not dataclasses: this runs at
+interpreter start-up, where ``dataclasses`` (and the ``inspect`` it imports) would cost more
+than trl_compat's own code."""
 
 from __future__ import annotations
 
 import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any, Callable, Iterable, Mapping
+
+    from trl_compat._engine.patcher import Patcher
+
+    Probe = Callable[[ModuleType], "Verdict"]
+    Apply = Callable[[ModuleType, Patcher], None]
 
 # Statuses a patch can be in; the report shows them verbatim.
 PENDING = "pending"  # in window, waiting for its trigger module to be imported
@@ -58,33 +69,25 @@ def undecided(reason: str) -> Verdict:
     return Verdict(None, reason)
 
 
-class _Record:
-    """Fields, equality and ``repr`` from ``FIELDS`` (name -> default; ``...``: required)."""
+class _Fields:
+    """Equality, ``repr`` and ``as_dict()`` over the fields a subclass names in ``__slots__``."""
 
-    FIELDS: dict = {}
+    __slots__: tuple[str, ...] = ()
 
-    def __init__(self, **values) -> None:
-        unknown = set(values) - set(self.FIELDS)
-        missing = [name for name, default in self.FIELDS.items() if default is ... and name not in values]
-        if unknown or missing:
-            raise TypeError(f"{type(self).__name__}: unknown fields {sorted(unknown)}, missing {missing}")
-        for name, default in self.FIELDS.items():
-            value = values.get(name, default)
-            object.__setattr__(self, name, dict(value) if isinstance(value, dict) else value)
-
-    def as_dict(self) -> dict:
-        return {name: getattr(self, name) for name in self.FIELDS}
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other.as_dict() == self.as_dict()
+        return type(other) is type(self) and isinstance(other, _Fields) and other.as_dict() == self.as_dict()
 
+    # Unhashable, as its dict fields are; mypy wants __hash__ to stay a method.
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.as_dict().items())})"
 
 
-class Patch(_Record):
+class Patch(_Fields):
     """One patch, declared as data (``trl_compat/patches/__init__.py``): its whole declaration.
 
     - ``trigger``: the module whose import runs the patch.
@@ -92,7 +95,7 @@ class Patch(_Record):
     - ``changes``: every attribute the patch may change, as dotted paths relative to ``trigger``
       (``"GRPOTrainer.__init__"``), or ``"module:Qual.name"`` for another module's attribute.
       ``Patcher.wrap``/``replace`` refuse anything else; patches whose ``changes`` overlap stack
-      in registry order.
+      in registry order (:mod:`.targets`).
     - ``requires``: distribution -> PEP 440 window (``affected(since, fixed_in)``).
     - ``witnesses``: distribution -> ``{"inside": [...], "outside": [...]}``, versions the window
       tests feed through the gate.
@@ -102,22 +105,71 @@ class Patch(_Record):
       changes the training objective; off, a patch whose probe finds the bug reports "disabled").
     - ``impl``: our module defining ``probe(module) -> Verdict`` and ``apply(module, patcher)``;
       it is imported only once the trigger module is, so that ``import trl_compat`` stays cheap.
-      Tests may give ``probe``/``apply`` as functions instead."""
+      Tests may give ``probe``/``apply`` as functions instead.
 
-    FIELDS = {"id": ..., "summary": ..., "upstream": ..., "trigger": ..., "must_exist": ..., "requires": ...,
-              "probe": None, "apply": None, "impl": "", "remove_when": "", "opt_in": "",
-              "changes": (), "witnesses": {}, "symptom": ""}
+    A Patch is fixed once declared: ``replace(**fields)`` gives a changed copy."""
 
-    def __init__(self, **values) -> None:
-        super().__init__(**values)
-        if self.impl:
-            object.__setattr__(self, "probe", _Deferred(self.impl, "probe"))
-            object.__setattr__(self, "apply", _Deferred(self.impl, "apply"))
+    __slots__ = ("id", "summary", "symptom", "upstream", "trigger", "must_exist", "changes", "requires",
+                 "witnesses", "remove_when", "opt_in", "impl", "probe", "apply")
+
+    id: str
+    summary: str
+    symptom: str
+    upstream: str
+    trigger: str
+    must_exist: str
+    changes: tuple[str, ...]
+    requires: dict[str, str]
+    witnesses: dict[str, dict[str, list[str]]]
+    remove_when: str
+    opt_in: str
+    impl: str
+    probe: Probe | None
+    apply: Apply | None
+
+    def __init__(
+        self,
+        *,
+        id: str,
+        summary: str,
+        upstream: str,
+        trigger: str,
+        must_exist: str,
+        requires: Mapping[str, str],
+        symptom: str = "",
+        changes: Iterable[str] = (),
+        witnesses: Mapping[str, dict[str, list[str]]] | None = None,
+        remove_when: str = "",
+        opt_in: str = "",
+        impl: str = "",
+        probe: Probe | None = None,
+        apply: Apply | None = None,
+    ) -> None:
+        self.id = id
+        self.summary = summary
+        self.symptom = symptom
+        self.upstream = upstream
+        self.trigger = trigger
+        self.must_exist = must_exist
+        self.changes = tuple(changes)
+        self.requires = dict(requires)
+        self.witnesses = dict(witnesses or {})
+        self.remove_when = remove_when
+        self.opt_in = opt_in
+        self.impl = impl
+        if impl:
+            self.probe, self.apply = _Deferred(impl, "probe"), _Deferred(impl, "apply")
+        else:
+            self.probe, self.apply = probe, apply
 
     def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"a Patch is fixed once declared; use .replace({name}=...) for a changed copy")
+        if hasattr(self, name):
+            raise AttributeError(f"a Patch is fixed once declared; use .replace({name}=...) for a changed copy")
+        super().__setattr__(name, value)
 
-    def replace(self, **changes) -> Patch:
+    def replace(self, **changes: Any) -> Patch:
+        """A copy with ``changes`` (field -> value). Given ``probe`` or ``apply``, the copy uses
+        functions, not ``impl``: the other one is loaded from ``impl`` now."""
         values = dict(self.as_dict(), **changes)
         if "probe" in changes or "apply" in changes:
             values["impl"] = ""
@@ -129,24 +181,64 @@ class Patch(_Record):
 
 
 class _Deferred:
-    """``code``'s function ``name``, imported at the first call."""
+    """``impl``'s function ``name``, imported at the first call."""
 
-    def __init__(self, code: str, name: str) -> None:
-        self.code, self.name = code, name
+    __slots__ = ("impl", "name")
+
+    def __init__(self, impl: str, name: str) -> None:
+        self.impl, self.name = impl, name
 
     @property
-    def function(self):
-        __import__(self.code)
-        return getattr(sys.modules[self.code], self.name)
+    def function(self) -> Callable[..., Any]:
+        __import__(self.impl)
+        function: Callable[..., Any] = getattr(sys.modules[self.impl], self.name)
+        return function
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.function(*args, **kwargs)
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Deferred) and (other.impl, other.name) == (self.impl, self.name)
+
+    __hash__ = None  # type: ignore[assignment]  # like the Patch that holds it
+
     def __repr__(self) -> str:
-        return f"<{self.code}.{self.name}, imported when called>"
+        return f"<{self.impl}.{self.name}, imported when called>"
 
 
-class PatchStatus(_Record):
-    """One line of ``report()``."""
+class PatchStatus(_Fields):
+    """One line of ``report()``: ``changes`` is what the patch declares it may change (absolute
+    ``module:Qual.name``, known before its trigger module is imported); ``target`` what it changed
+    when last applied (before that: its trigger module's ``must_exist``)."""
 
-    FIELDS = {"id": ..., "status": ..., "reason": ..., "versions": {}, "target": "", "summary": "", "upstream": ""}
+    __slots__ = ("id", "status", "reason", "versions", "target", "changes", "summary", "upstream")
+
+    id: str
+    status: str
+    reason: str
+    versions: dict[str, str | None]
+    target: str
+    changes: tuple[str, ...]
+    summary: str
+    upstream: str
+
+    def __init__(
+        self,
+        *,
+        id: str,
+        status: str,
+        reason: str,
+        versions: Mapping[str, str | None] | None = None,
+        target: str = "",
+        changes: Iterable[str] = (),
+        summary: str = "",
+        upstream: str = "",
+    ) -> None:
+        self.id = id
+        self.status = status
+        self.reason = reason
+        self.versions = dict(versions or {})
+        self.target = target
+        self.changes = tuple(changes)
+        self.summary = summary
+        self.upstream = upstream

@@ -1,16 +1,17 @@
 """The one way a patch changes anything: a :class:`Patcher` records every change, so that it
 can be undone exactly, and marks every value it sets with the patch's id, so that a second
-copy of trl_compat (vendored and installed, or reloaded) never wraps twice."""
+copy of trl_compat (vendored and installed, or reloaded) never wraps twice. Made with the
+patch's declared ``changes``, it refuses any other attribute (:class:`UndeclaredChange`)."""
 
 from __future__ import annotations
 
 import sys
 
-from trl_compat._engine import logs
+from trl_compat._engine import logs, targets
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, List
+    from typing import Any, Callable, Iterable, List
 
 log = logs.getLogger(__name__)
 
@@ -21,6 +22,10 @@ _MISSING = object()
 
 class AlreadyPatched(RuntimeError):
     """The attribute already carries this patch: another copy of trl_compat applied it."""
+
+
+class UndeclaredChange(RuntimeError):
+    """A patch asked to change an attribute that its registry entry's ``changes`` do not list."""
 
 
 def markers(value: Any) -> frozenset:
@@ -39,16 +44,40 @@ def raw_attribute(owner: Any, name: str) -> Any:
 
 
 class Patcher:
-    """Records every change a patch makes, so it can be undone exactly."""
+    """Records every change a patch makes, so it can be undone exactly.
 
-    def __init__(self, patch_id: str):
+    ``changes``: the absolute ``"module:Qual.name"`` attributes the patch declares
+    (:func:`.targets.declared`); every verb that sets an attribute refuses any other one
+    (matched by the owner's identity and the name, see :mod:`.targets`). None: any attribute
+    (a Patcher made by hand in a test)."""
+
+    def __init__(self, patch_id: str, changes: Iterable[str] | None = None):
         self.patch_id = patch_id
+        self.declared = None if changes is None else tuple(changes)
+        self._allowed = [] if self.declared is None else targets.resolve_changes(self.declared)
         self._changes: List[tuple] = []
+
+    def allows(self, owner: Any, name: str) -> bool:
+        """Whether the declared changes list ``owner.name`` (always, without a declaration)."""
+        if self.declared is None:
+            return True
+        if not any(o is owner and n == name for o, n in self._allowed):
+            # the apply may have imported a declared attribute's module itself since
+            self._allowed = targets.resolve_changes(self.declared)
+        return any(o is owner and n == name for o, n in self._allowed)
+
+    def _check(self, owner: Any, name: str) -> None:
+        if not self.allows(owner, name):
+            raise UndeclaredChange(
+                f"{self.patch_id} may not change {_qualified(owner, name)}: its `changes` list "
+                f"{', '.join(self.declared or ()) or 'nothing'}"
+            )
 
     def wrap(self, owner: Any, name: str, factory: Callable[[Any], Any]) -> Any:
         """Set ``owner.name = factory(original)``, where ``original`` is the function found
         along the MRO; a staticmethod or classmethod is unwrapped for the factory and its
         result re-wrapped the same way. Returns what was set."""
+        self._check(owner, name)
         raw = raw_attribute(owner, name)
         kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
         new = factory(raw.__func__ if kind else raw)
@@ -59,6 +88,7 @@ class Patcher:
         (plus the ids of the wrappers it sits ``above``); an attribute already marked with
         it raises :class:`AlreadyPatched`. Undo deletes what was inherited instead of
         re-setting it."""
+        self._check(owner, name)
         current = vars(owner).get(name, _MISSING)
         if self.patch_id in markers(current) and not any(c[0] is owner and c[1] == name for c in self._changes):
             raise AlreadyPatched(f"{_qualified(owner, name)} already carries {self.patch_id}")

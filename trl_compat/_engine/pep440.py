@@ -15,7 +15,8 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, Optional, Sequence, Tuple
+    import re
+    from typing import Dict, List, Optional, Sequence, Tuple
 
 # PEP 440, appendix B (what packaging.version.VERSION_PATTERN is on Python < 3.11.5): for what is
 # not in normal form. Compiled on first use: ``re`` is not loaded when Python starts.
@@ -31,7 +32,7 @@ _VERSION = r"""
     (?:\+(?P<local>[a-z0-9]+(?:[-_\.][a-z0-9]+)*))?
     \s*
 """
-_compiled = []
+_compiled: List[re.Pattern[str]] = []  # the compiled pattern, once needed
 
 _PRE_RANK = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "pre": 2, "preview": 2, "rc": 2}
 _OPERATORS = (">=", "<=", "==", "!=", "<", ">")  # two-character ones first
@@ -136,8 +137,10 @@ def _parse_normal(text: str) -> Optional[Parsed]:
                 (("pre", pre, pre_rank is not None), ("post", post, has_post), ("dev", dev, has_dev)) if present}
     if None in numbers or None in suffixes.values():
         return None
-    return Parsed(numbers.pop() if has_epoch else 0, tuple(numbers), None if pre_rank is None else (pre_rank, suffixes["pre"]),
-                  suffixes.get("post"), suffixes.get("dev"), local if plus else None)
+    ints = [number for number in numbers if number is not None]
+    given = {name: number for name, number in suffixes.items() if number is not None}
+    return Parsed(ints.pop() if has_epoch else 0, tuple(ints), None if pre_rank is None else (pre_rank, given["pre"]),
+                  given.get("post"), given.get("dev"), local if plus else None)
 
 
 def _clauses(spec: str) -> Optional[Sequence[Tuple[str, Parsed]]]:

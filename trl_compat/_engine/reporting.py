@@ -4,9 +4,9 @@ what has changed around it since: its class replaced, or overridden in a subclas
 
 from __future__ import annotations
 
-from trl_compat._engine.lifecycle import _foreign_owner
 from trl_compat._engine.patch import APPLIED, PatchStatus
-from trl_compat._engine.state import _lock, _registry, _states
+from trl_compat._engine.state import REGISTRY
+from trl_compat._engine.targets import declared, foreign_owner
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -14,37 +14,37 @@ if TYPE_CHECKING:
     from typing import List
 
     from trl_compat._engine.patch import Patch
-    from trl_compat._engine.state import _State
+    from trl_compat._engine.state import PatchState
 
 
 def report() -> List[PatchStatus]:
-    with _lock:
-        return [
-            PatchStatus(
-                id=p.id, status=_states[p.id].status, reason=_reason_now(p, _states[p.id]),
-                versions=dict(_states[p.id].versions),
-                target=", ".join(_states[p.id].changed) or f"{p.trigger}.{p.must_exist}",
-                summary=p.summary, upstream=p.upstream,
-            )
-            for p in _registry.values()
-        ]
+    """One :class:`PatchStatus` per registered patch, in registration order."""
+    with REGISTRY.lock:
+        return [_status_of(patch, REGISTRY.state(patch.id)) for patch in REGISTRY.patches()]
+
+
+def _status_of(patch: Patch, state: PatchState) -> PatchStatus:
+    return PatchStatus(
+        id=patch.id, status=state.status, reason=_reason_now(patch, state), versions=state.versions,
+        target=", ".join(state.changed) or f"{patch.trigger}.{patch.must_exist}", changes=declared(patch),
+        summary=patch.summary, upstream=patch.upstream,
+    )
 
 
 def status(patch_id: str) -> str:
-    return _states[patch_id].status
+    return REGISTRY.state(patch_id).status
 
 
 def applied() -> List[str]:
-    with _lock:
-        return [pid for pid, s in _states.items() if s.status == APPLIED]
+    return REGISTRY.with_status(APPLIED)
 
 
-def _reason_now(patch: Patch, state: _State) -> str:
+def _reason_now(patch: Patch, state: PatchState) -> str:
     """The recorded reason, plus what has changed around an applied patch since."""
     reason = state.reason
     if state.status != APPLIED or state.module is None:
         return reason
-    foreign = _foreign_owner(patch, state.module)
+    foreign = foreign_owner(patch, state.module)
     if foreign:
         owner = patch.must_exist.split(".")[0]
         reason += f"; but {owner} has since been replaced by {foreign}, which the patch does not reach"
@@ -60,7 +60,8 @@ def _overriding_subclasses(patch: Patch, module: ModuleType) -> List[str]:
     owner = getattr(module, owner_name, None)
     if not attr or "." in attr or not isinstance(owner, type):
         return []
-    found, todo = [], list(owner.__subclasses__())
+    found: List[str] = []
+    todo: List[type] = list(owner.__subclasses__())
     while todo:
         cls = todo.pop()
         todo.extend(cls.__subclasses__())

@@ -1,5 +1,7 @@
-"""The registry: every patch registered, its state, the switches read from the environment,
-and the one place a status is set (and logged, and raised on under ``TRL_COMPAT_STRICT=1``)."""
+"""The engine's state and its one owner, :class:`Registry`: every patch registered, in the order
+they stack, its state, the lock that guards both, and the one place a status is set (and
+logged, and raised on under ``TRL_COMPAT_STRICT=1``). Also the switches read from the
+environment."""
 
 from __future__ import annotations
 
@@ -11,54 +13,129 @@ from trl_compat._engine.patch import _TROUBLE, APPLIED, PENDING, TrlCompatError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Sequence
+    from types import ModuleType
+    from typing import Dict, Iterator, List, Optional, Sequence
 
     from trl_compat._engine.patch import Patch
+    from trl_compat._engine.patcher import Patcher
 
 log = logs.getLogger(__name__)
 
 
-class _State:
+class PatchState:
+    """What the engine knows of one patch now."""
+
+    __slots__ = ("status", "reason", "versions", "generation", "patcher", "module", "touched", "changed")
+
     def __init__(self) -> None:
         self.status, self.reason = PENDING, ""
-        self.versions = {}  # distribution -> installed version (None: not installed)
+        self.versions: Dict[str, Optional[str]] = {}  # distribution -> installed version (None: not installed)
         self.generation = 0  # bumped by revert(): hooks from older generations do nothing
-        self.patcher = None  # the Patcher of the applied patch
-        self.module = None  # the trigger module, once imported
-        self.touched = frozenset()  # (id(owner), name) it changed when last applied; kept after revert
-        self.changed = []  # the same, as dotted names, for the report
+        self.patcher: Optional[Patcher] = None  # the Patcher of the applied patch
+        self.module: Optional[ModuleType] = None  # the trigger module, once imported
+        self.touched: frozenset = frozenset()  # (id(owner), name) it changed when last applied; kept after revert
+        self.changed: List[str] = []  # the same, as dotted names, for the report
 
 
-_lock = _thread.RLock()
-_registry: Dict[str, Patch] = {}
-_states: Dict[str, _State] = {}
+class Registry:
+    """Owns the engine's state: the patches by id in registration order (the order in which
+    patches that change one attribute stack), a :class:`PatchState` for each, and the lock.
+    Iterating gives the ids. :mod:`.lifecycle` changes states under ``lock``; :mod:`.reporting`
+    reads them under it."""
+
+    def __init__(self) -> None:
+        self.lock = _thread.RLock()
+        self._patches: Dict[str, Patch] = {}
+        self._states: Dict[str, PatchState] = {}
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._patches))
+
+    def __contains__(self, patch_id: object) -> bool:
+        return patch_id in self._patches
+
+    def register(self, patch: Patch) -> None:
+        with self.lock:
+            if patch.id in self._patches and self._patches[patch.id] is not patch:
+                raise ValueError(f"duplicate patch id {patch.id!r}")
+            self._patches[patch.id] = patch
+            self._states.setdefault(patch.id, PatchState())
+
+    def redeclare(self, patch: Patch) -> Patch:
+        """Put ``patch`` in place of the registered declaration with its id, keeping the patch's
+        state and position; returns the declaration it replaced."""
+        with self.lock:
+            old = self._patches[patch.id]
+            self._patches[patch.id] = patch
+            return old
+
+    def forget(self, patch_id: str) -> None:
+        """Drop a patch and its state, without touching what it changed."""
+        with self.lock:
+            del self._patches[patch_id]
+            del self._states[patch_id]
+
+    def patches(self) -> List[Patch]:
+        return list(self._patches.values())
+
+    def patch(self, patch_id: str) -> Patch:
+        return self._patches[patch_id]
+
+    def state(self, patch_id: str) -> PatchState:
+        return self._states[patch_id]
+
+    def select(self, ids: Sequence[str]) -> List[Patch]:
+        """The patches with these ids (all, when none is given); KeyError naming unknown ids."""
+        unknown = [i for i in ids if i not in self._patches]
+        if unknown:
+            raise KeyError(f"unknown trl_compat patch ids: {unknown}")
+        return [self._patches[i] for i in ids] if ids else self.patches()
+
+    def position(self, patch: Patch) -> int:
+        return list(self._patches).index(patch.id)
+
+    def with_status(self, *statuses: str) -> List[str]:
+        with self.lock:
+            return [pid for pid, state in self._states.items() if state.status in statuses]
+
+    def set_status(self, patch: Patch, status: str, reason: str) -> None:
+        """The one place a status is set: logged (a warning for trouble), raised under strict."""
+        state = self._states[patch.id]
+        state.status, state.reason = status, reason
+        if status in _TROUBLE:
+            log.warning("trl_compat: %s: %s (%s); this patch is skipped", patch.id, status, reason)
+            if strict():
+                raise TrlCompatError(f"{patch.id}: {status}: {reason}")
+        else:
+            log.debug("trl_compat: %s: %s (%s)", patch.id, status, reason)
+
+    def settled_summary(self) -> Optional[str]:
+        """The one-line summary once no patch is pending (None while one is)."""
+        with self.lock:
+            if any(s.status == PENDING for s in self._states.values()):
+                return None
+            applied = [pid for pid, s in self._states.items() if s.status == APPLIED]
+            trouble = [f"{pid} ({s.status})" for pid, s in self._states.items() if s.status in _TROUBLE]
+            others = len(self._states) - len(applied) - len(trouble)
+        return "trl_compat: applied {}; {} not needed or disabled{} (details: python -m trl_compat)".format(
+            ", ".join(applied) or "nothing", others, f"; skipped: {', '.join(trouble)}" if trouble else "")
+
+    def log_summary_when_settled(self) -> None:
+        summary = self.settled_summary()
+        if summary is not None:
+            log.info("%s", summary)
+
+
+REGISTRY = Registry()
+_registry = REGISTRY  # the known ids _disabled_ids() checks TRL_COMPAT_DISABLE against
 
 
 def register(patch: Patch) -> None:
-    with _lock:
-        if patch.id in _registry and _registry[patch.id] is not patch:
-            raise ValueError(f"duplicate patch id {patch.id!r}")
-        _registry[patch.id] = patch
-        _states.setdefault(patch.id, _State())
+    REGISTRY.register(patch)
 
 
 def registry() -> List[Patch]:
-    return list(_registry.values())
-
-
-def _select(ids: Sequence[str]) -> List[Patch]:
-    unknown = [i for i in ids if i not in _registry]
-    if unknown:
-        raise KeyError(f"unknown trl_compat patch ids: {unknown}")
-    return [_registry[i] for i in ids] if ids else registry()
-
-
-def _position(patch: Patch) -> int:
-    return list(_registry).index(patch.id)
-
-
-def _unique(patches: List[Patch]) -> List[Patch]:
-    return list({p.id: p for p in patches}.values())
+    return REGISTRY.patches()
 
 
 # -- configuration --------------------------------------------------------------
@@ -80,30 +157,3 @@ def _disabled_ids() -> set:
         log.warning("trl_compat: TRL_COMPAT_DISABLE names unknown patch ids %s; known: %s",
                     sorted(unknown), sorted(_registry))
     return ids
-
-
-# -- statuses -------------------------------------------------------------------
-
-
-def _set(patch: Patch, status: str, reason: str) -> None:
-    state = _states[patch.id]
-    state.status, state.reason = status, reason
-    if status in _TROUBLE:
-        log.warning("trl_compat: %s: %s (%s); this patch is skipped", patch.id, status, reason)
-        if strict():
-            raise TrlCompatError(f"{patch.id}: {status}: {reason}")
-    else:
-        log.debug("trl_compat: %s: %s (%s)", patch.id, status, reason)
-
-
-def _log_summary_when_settled() -> None:
-    if any(s.status == PENDING for s in _states.values()):
-        return
-    applied = [pid for pid, s in _states.items() if s.status == APPLIED]
-    trouble = [f"{pid} ({s.status})" for pid, s in _states.items() if s.status in _TROUBLE]
-    others = len(_states) - len(applied) - len(trouble)
-    log.info(
-        "trl_compat: applied %s; %d not needed or disabled%s (details: python -m trl_compat)",
-        ", ".join(applied) or "nothing", others,
-        f"; skipped: {', '.join(trouble)}" if trouble else "",
-    )

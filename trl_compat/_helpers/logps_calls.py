@@ -42,7 +42,7 @@ class LogpsCaller(NamedTuple):
     raw: types.CodeType  # its code object, to recognise its frames
 
 
-def find(cls: type) -> Optional[LogpsCaller]:
+def find(cls: type[Any]) -> Optional[LogpsCaller]:
     """TRL's log-prob function in ``cls`` (a GRPOTrainer), or None if it has neither form.
 
     Raises SourceUnavailable when the source cannot be read."""
@@ -75,7 +75,7 @@ def unfixed(cls: type, marker: str, fixed: str) -> Tuple[Optional[LogpsCaller], 
 
 def called_from(raw: types.CodeType) -> bool:
     """Whether a frame of the function with code object ``raw`` is on the caller's stack."""
-    frame = sys._getframe(1)
+    frame: Optional[types.FrameType] = sys._getframe(1)
     for _ in range(_MAX_DEPTH):
         if frame is None:
             return False

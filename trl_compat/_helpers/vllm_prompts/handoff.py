@@ -20,7 +20,7 @@ DOUBLE_BOS = "vllm-double-bos"
 class Handoff:
     """The corrections in force for one call of the generation method of one trainer."""
 
-    def __init__(self, trainer):
+    def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
         self.fixes: List[str] = []
         self.lossy: Dict[str, Optional[list]] = {}  # 0.19.0's decoded text -> training ids (None: ambiguous)

@@ -4,7 +4,7 @@ fallback: upstream TRL 0.15.1's in-place merge, for structures the plan does not
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Generator, Iterator, List, Tuple
 
 from trl_compat._helpers.vllm_sync.merge import Workspace, copy_merged_state, merged_weight, own_state
 from trl_compat._helpers.vllm_sync.structure import Peft, Step, plan_steps, resolve
@@ -67,7 +67,7 @@ class Plan:
         return params
 
 
-def _stream(plan: Plan) -> Iterator[Tuple[str, Any]]:
+def _stream(plan: Plan) -> Generator[Tuple[str, Any], None, None]:
     workspace = Workspace()  # this sync's buffers, gone with the stream
     for step in plan.steps:
         with gathered(plan.params(step)):

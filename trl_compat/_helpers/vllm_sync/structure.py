@@ -53,7 +53,7 @@ def resolve(model: Any, peft: Peft) -> Tuple[Any, Any]:
     model = peel(model, peft=False, fsdp=False)
     if peft.isinstance(model, "PeftModel"):
         tuner = getattr(model, "base_model", None)
-        if not peft.isinstance(tuner, "BaseTuner"):
+        if tuner is None or not peft.isinstance(tuner, "BaseTuner"):
             raise UnsupportedModel(
                 f"PEFT type {getattr(model, 'peft_type', '?')} does not inject adapter layers into the model"
             )
@@ -89,11 +89,12 @@ def _fast_kind(layer: Any, peft: Peft) -> Optional[Tuple[str, ...]]:
     import torch
 
     cls = type(layer)
+    base_cls: Tuple[Any, ...]  # torch classes (Any to mypy, so isinstance keeps `base` as the module it is)
     if cls is peft.fast_linear and cls is not None:
         keys, base_cls = layer.lora_A.keys(), (torch.nn.Linear,)
-        pytorch_utils = sys.modules.get("transformers.pytorch_utils")
-        if getattr(pytorch_utils, "Conv1D", None) is not None:  # GPT-2 style, fan_in_fan_out=True
-            base_cls += (pytorch_utils.Conv1D,)
+        conv1d = getattr(sys.modules.get("transformers.pytorch_utils"), "Conv1D", None)
+        if conv1d is not None:  # GPT-2 style, fan_in_fan_out=True
+            base_cls += (conv1d,)
     elif cls is peft.fast_embedding and cls is not None:
         keys, base_cls = layer.lora_embedding_A.keys(), (torch.nn.Embedding,)
     else:

@@ -8,7 +8,7 @@ import inspect
 import logging
 from typing import Any, Dict, Optional
 
-from trl_compat._engine import warn_once
+from trl_compat._engine import guarded
 from trl_compat._helpers.models import peel
 from trl_compat.patches.logits_to_keep.accepts import RENAME, SLICE, UNKNOWN, accepts, decide
 from trl_compat.patches.logits_to_keep.forward import LOCK, SWITCH, wrap
@@ -73,12 +73,9 @@ def wrap_entry(original, trl: TrlCall):
             # Reverted, but another patch wrapped this method after us, so the engine left us in
             # place: pass straight through.
             return original(self, *args, **kwargs)
-        try:
+        with guarded(PATCH_ID, "preparing the model", fallback="TRL runs unchanged", logger=log):
             for model in models_in(self, args, kwargs):
                 prepare_model(model)
-        except Exception:  # noqa: BLE001 - never break training; TRL's own behaviour follows
-            warn_once(log, "prepare", "trl_compat: %s: could not prepare the model; TRL runs unchanged", PATCH_ID,
-                      exc_info=True)
         return original(self, *args, **kwargs)
 
     return entry

@@ -1,0 +1,73 @@
+"""The run-time rule for a wrapper's own bookkeeping: an error in it is logged once and the
+wrapper falls back to TRL's own behaviour (sentry's ``capture_internal_exceptions``)::
+
+    with guarded(PATCH_ID, "preparing the model") as guard:
+        prepare(model)
+    if guard.failed:
+        ...  # optional: what falling back means here
+    return original(self, *args, **kwargs)
+
+Only the bookkeeping goes inside: never the call to TRL's original (its errors are the user's)
+and never a fix whose failure must reach the user because falling back would be the bug
+itself; such a patch says "load-bearing: errors propagate" in its docstring. Under
+``TRL_COMPAT_STRICT=1`` the error propagates, as every other fallback of trl_compat does.
+"""
+
+from __future__ import annotations
+
+from trl_compat._engine import logs
+from trl_compat._engine.state import strict
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import TracebackType
+    from typing import Any, Optional, Type
+
+_log = logs.getLogger("trl_compat.guarded")
+
+
+class Guard:
+    """The context manager :func:`guarded` returns; ``error`` is what it caught (None if nothing)."""
+
+    __slots__ = ("patch_id", "doing", "fallback", "logger", "error")
+
+    def __init__(self, patch_id: str, doing: str, fallback: str, logger: Any) -> None:
+        self.patch_id, self.doing, self.fallback, self.logger = patch_id, doing, fallback, logger
+        self.error: Optional[Exception] = None
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(
+        self, kind: Optional[Type[BaseException]], error: Optional[BaseException], traceback: Optional[TracebackType]
+    ) -> bool:
+        if not isinstance(error, Exception):  # nothing raised, or KeyboardInterrupt and the like
+            return False
+        self.error = error
+        if strict():
+            return False
+        logs.warn_once(
+            self.logger,
+            ("guarded", self.patch_id, self.doing),
+            "trl_compat: %s: %s failed (%s: %s); %s",
+            self.patch_id,
+            self.doing,
+            type(error).__name__,
+            error,
+            self.fallback,
+            exc_info=True,
+        )
+        return True
+
+
+def guarded(patch_id: str, doing: str, fallback: str = "TRL runs unchanged", logger: Any = None) -> Guard:
+    """Catch an error of a wrapper's own bookkeeping (``doing``, e.g. "preparing the model"):
+    log it once per ``(patch_id, doing)`` with its traceback on ``logger`` (default:
+    ``trl_compat.guarded``), then let the code after the ``with`` block run (``fallback`` says
+    what that means). Re-raises under ``TRL_COMPAT_STRICT=1``, and never catches
+    ``BaseException`` that is no ``Exception`` (KeyboardInterrupt)."""
+    return Guard(patch_id, doing, fallback, logger if logger is not None else _log)
