@@ -11,7 +11,7 @@ from trl_compat._engine.state import _lock, _registry, _states
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
-    from typing import List
+    from typing import List, Sequence
 
     from trl_compat._engine.patch import Patch
     from trl_compat._engine.state import _State
@@ -30,7 +30,32 @@ def report() -> List[PatchStatus]:
         ]
 
 
+class UnknownPatchId(KeyError):
+    """A patch id no registered patch has; the message lists the known ones."""
+
+    def __str__(self) -> str:  # KeyError's would show the message as a quoted repr
+        return str(self.args[0])
+
+
+def checked_ids(caller: str, ids: Sequence[object]) -> List[str]:
+    """``ids`` as given to ``install``/``revert``/``status``: each a registered patch id, else a
+    ``TypeError`` (a list passed as one argument) or :class:`UnknownPatchId`."""
+    for pid in ids:
+        if not isinstance(pid, str):
+            hint = f"trl_compat.{caller}(*ids)" if isinstance(pid, (list, tuple, set, frozenset)) else None
+            raise TypeError(
+                f"trl_compat.{caller}() takes patch ids as separate string arguments, got {type(pid).__name__} "
+                f"{pid!r}" + (f"; to pass a list, unpack it: {hint}" if hint else ""))
+    unknown = [pid for pid in ids if pid not in _registry]
+    if unknown:
+        raise UnknownPatchId(
+            f"unknown trl_compat patch id{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+            f"known: {', '.join(_registry)}")
+    return list(ids)  # type: ignore[arg-type]
+
+
 def status(patch_id: str) -> str:
+    checked_ids("status", (patch_id,))
     return _states[patch_id].status
 
 
