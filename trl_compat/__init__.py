@@ -36,9 +36,6 @@ from trl_compat._engine.reporting import checked_ids
 from trl_compat.patches import GRPO_MODULE, PATCHES
 
 __version__ = "0.1.0"
-# The newest TRL release this version of trl_compat has been checked against (python -m
-# trl_compat says when the installed one is newer).
-NEWEST_KNOWN_TRL = "0.19.1"
 
 __all__ = [
     "APPLIED", "CONFLICT", "DISABLED", "FAILED", "NOT_NEEDED", "PENDING", "REVERTED", "TARGET_MISSING",

@@ -561,3 +561,7 @@ def test_grpo_run(tmp_path, arch, lora):
         assert rows == k + 1, (role, rows, k)  # the logits it got
     inner = peel(trainer.model)
     assert ltk._ours(vars(inner).get("forward"))
+    # the report's reason names the class TRL really called, not only the probe's reference
+    reason = {r.id: r.reason for r in trl_compat.report()}[ltk.PATCH_ID]
+    assert f"models decided: {type(inner).__name__}: " in reason, reason
+    assert f"as read from {ltk.REFERENCE_MODEL}" in reason or "slices the logits itself" in reason, reason

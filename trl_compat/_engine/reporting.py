@@ -4,6 +4,8 @@ what has changed around it since: its class replaced, or overridden in a subclas
 
 from __future__ import annotations
 
+import sys
+
 from trl_compat._engine.lifecycle import _foreign_owner
 from trl_compat._engine.patch import APPLIED, PatchStatus
 from trl_compat._engine.state import _lock, _registry, _states
@@ -76,6 +78,12 @@ def _reason_now(patch: Patch, state: _State) -> str:
     overriding = _overriding_subclasses(patch, state.module)
     if overriding:
         reason += (f"; overridden in {', '.join(overriding)}: the fix reaches those only through super()")
+    # What the patch has seen since it was applied (its impl module is loaded by then), e.g. the
+    # model classes it decided for: its probe could only read a reference.
+    details = getattr(sys.modules.get(patch.impl), "report_details", None) if patch.impl else None
+    said = details() if details is not None else ""
+    if said:
+        reason += f"; {said}"
     return reason
 
 
