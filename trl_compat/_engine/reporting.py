@@ -44,6 +44,8 @@ def checked_ids(caller: str, ids: Sequence[object]) -> List[str]:
     ``TypeError`` (a list passed as one argument) or :class:`UnknownPatchId`."""
     for pid in ids:
         if not isinstance(pid, str):
+            if caller == "status":
+                raise TypeError(f"trl_compat.status() takes one patch id, a string; got {type(pid).__name__} {pid!r}")
             hint = f"trl_compat.{caller}(*ids)" if isinstance(pid, (list, tuple, set, frozenset)) else None
             raise TypeError(
                 f"trl_compat.{caller}() takes patch ids as separate string arguments, got {type(pid).__name__} "
