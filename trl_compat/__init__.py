@@ -44,7 +44,6 @@ __all__ = [
 ]
 
 
-
 def install(*ids: str) -> None:
     """Gate the given patches (default: all) and hook them to their trigger modules; see
     :func:`trl_compat._engine.install`. With no ids, also trl_compat's line in the training log."""
@@ -80,7 +79,7 @@ def _inside_trl_lazy_import() -> bool:
 
 for _patch in PATCHES:
     register(_patch)
-settings.check((p.id for p in PATCHES), (p.opt_in for p in PATCHES if p.opt_in))
+settings.check([p.id for p in PATCHES], [p.opt_in for p in PATCHES if p.opt_in])
 settings.hold_strict_when(_inside_trl_lazy_import)
 
 try:
