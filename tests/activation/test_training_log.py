@@ -167,3 +167,18 @@ def test_strict_failure_is_trl_compats_own_error(model_dir, tmp_path):
     assert last.startswith("trl_compat._engine.patch.TrlCompatError: TRL_COMPAT_STRICT=1: test-strict-probe: failed: "
                            "probe raised ValueError: the probe exploded"), out.stderr[-4000:]
     assert "Failed to import" not in out.stderr, out.stderr[-4000:]
+
+
+def test_the_callback_is_in_transformers_defaults_until_revert():
+    import transformers.trainer
+
+    import trl.trainer.grpo_trainer  # noqa: F401 - its import adds the callback
+
+    callback = training_log.callback_class()
+    assert callback in transformers.trainer.DEFAULT_CALLBACKS
+    try:
+        trl_compat.revert()
+        assert callback not in transformers.trainer.DEFAULT_CALLBACKS
+    finally:
+        trl_compat.install()
+    assert transformers.trainer.DEFAULT_CALLBACKS.count(callback) == 1
