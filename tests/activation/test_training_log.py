@@ -171,7 +171,6 @@ def test_strict_failure_is_trl_compats_own_error(model_dir, tmp_path):
 
 def test_the_callback_is_in_transformers_defaults_until_revert():
     import transformers.trainer
-
     import trl.trainer.grpo_trainer  # noqa: F401 - its import adds the callback
 
     callback = training_log.callback_class()
