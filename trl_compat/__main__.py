@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import json
 import platform
 import sys
@@ -15,7 +16,13 @@ from typing import List, Optional
 
 import trl_compat
 from trl_compat import activation
-from trl_compat._engine import PENDING, dist_version, registry
+from trl_compat._engine import PENDING, dist_version, pep440, registry, settings
+from trl_compat.patches import NEWEST_KNOWN_TRL, OLDEST_KNOWN_TRL
+
+# What `trl-compat --help` prints: plain text (the docstring above is reST, for the docs).
+DESCRIPTION = """\
+python -m trl_compat [--json]      what trl_compat did here (trl_compat's version first): for bug reports
+trl-compat run -- CMD [ARGS...]    run CMD with trl_compat active in it and in every Python process it starts"""
 
 STACK = ("torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "vllm")
 
@@ -41,17 +48,70 @@ def collect() -> dict:
         records.append(row)
     versions = {"python": platform.python_version(), "trl_compat": trl_compat.__version__}
     versions.update({dist: dist_version(dist) for dist in STACK})
-    return {"versions": versions, "activation": activation.describe(), "patches": records}
+    trl = trl_range(versions["trl"], _has_grpo_trainer() if versions["trl"] else False)
+    known = [p.id for p in registry()]
+    return {
+        "trl_compat": trl_compat.__version__,  # first: a bug report pasted from here says which trl_compat
+        "headline": headline(trl_compat.__version__, trl),
+        "trl": trl,
+        "versions": versions,
+        "settings": settings.problems(known, [p.opt_in for p in registry() if p.opt_in]),
+        "activation": activation.describe(),
+        "patches": records,
+    }
+
+
+def _has_grpo_trainer() -> bool:
+    try:
+        return importlib.util.find_spec("trl.trainer.grpo_trainer") is not None
+    except Exception:  # noqa: BLE001 - a broken trl: the patches' rows say why
+        return False
+
+
+def trl_range(version: Optional[str], has_grpo: bool) -> dict:
+    """Where the installed TRL lies against the releases trl_compat knows: ``{"version", "known",
+    "where": "inside"|"older"|"newer"|"not installed"|"unreadable", "note"}`` (note: "" inside)."""
+    known = f"{OLDEST_KNOWN_TRL} to {NEWEST_KNOWN_TRL}"
+    found = {"version": version, "known": known, "where": "inside", "note": ""}
+    parsed = pep440.parse(version) if version else None
+    if version is None:
+        found.update(where="not installed", note="trl is not installed: no patch applies")
+    elif parsed is None:
+        found.update(where="unreadable", note=f"trl {version}: not a version trl_compat can read")
+    elif not has_grpo or parsed.key() < _key(OLDEST_KNOWN_TRL):
+        found.update(where="older", note=(
+            f"trl {version} is outside the releases trl_compat knows ({known}): it has no GRPOTrainer "
+            f"(added in {OLDEST_KNOWN_TRL}), so every patch says 'not needed'"))
+    elif parsed.key() > _key(NEWEST_KNOWN_TRL):
+        found.update(where="newer", note=(
+            f"trl {version} is newer than the newest release trl_compat knows ({NEWEST_KNOWN_TRL}): 'not needed' "
+            "only means no known bug's window holds it; bugs of later releases are not covered"))
+    return found
+
+
+def _key(version: str) -> tuple:
+    parsed = pep440.parse(version)
+    assert parsed is not None, version
+    return parsed.key()
+
+
+def headline(version: str, trl: dict) -> str:
+    if trl["note"]:
+        return f"trl_compat {version}: {trl['note']}"
+    return f"trl_compat {version} (knows trl {trl['known']}; installed: {trl['version']})"
 
 
 def render(data: dict) -> str:
-    lines = ["trl_compat " + data["versions"]["trl_compat"], ""]
-    width = max(len(k) for k in data["versions"])
+    lines = [data["headline"], ""]
+    width = max(len(k) for k in list(data["versions"]) + ["activation", "settings"])
     for dist, version in data["versions"].items():
         if dist != "trl_compat":
             lines.append(f"  {dist:<{width}}  {version or '-'}")
     if "activation" in data:
         lines += ["", f"  {'activation':<{width}}  {data['activation']['summary']}"]
+    for variable, setting in data.get("settings", {}).items():
+        said = setting["problem"] or f"{variable}={setting['value']!r}"
+        lines.append(f"  {'settings':<{width}}  {said}")
     lines.append("")
     rows = [("patch", "status", "reason")] + [(r["id"], r["status"], r["reason"]) for r in data["patches"]]
     w_id = max(len(r[0]) for r in rows)
@@ -63,7 +123,7 @@ def render(data: dict) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="trl-compat", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="trl-compat", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     commands = parser.add_subparsers(dest="command", metavar="{report,run}")
     report = commands.add_parser("report", help="what trl_compat did here (the default)")

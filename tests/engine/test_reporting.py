@@ -73,5 +73,9 @@ def test_cli_json_and_table(fresh_cli):
         assert rec["status"] != trl_compat.PENDING, rec  # the CLI imports trigger modules
         assert rec["reason"]
     assert "patch" in table and "status" in table
+    # trl_compat's own version first, so that a pasted report says which trl_compat
+    assert list(data)[0] == "trl_compat" and data["trl_compat"] == trl_compat.__version__
+    assert data["headline"].startswith(f"trl_compat {trl_compat.__version__}")
+    assert table.strip().splitlines()[0] == data["headline"], table
     for rec in data["patches"]:
         assert rec["id"] in table

@@ -21,16 +21,17 @@ from workers import launch_two
 
 PATCH_ID = "fsdp2-vllm-sync"
 
-TRL, TORCH = installed("trl"), installed("torch")
+TRL, TORCH, VLLM = installed("trl"), installed("torch"), installed("vllm")
 TRL_AFFECTED = TRL is not None and Version("0.18.0") <= TRL < Version("0.20.0")
 CAN_FSDP2 = TORCH is not None and TORCH >= Version("2.6.0")  # torch.distributed.fsdp.fully_shard
 
+# Without vLLM the patch is "not needed" (use_vllm cannot be on): the cells with the stand-in test it.
 needs_fsdp2_window = pytest.mark.skipif(
-    not (TRL_AFFECTED and CAN_FSDP2), reason="needs trl 0.18/0.19 (the window) and torch >= 2.6"
+    not (TRL_AFFECTED and CAN_FSDP2 and VLLM), reason="needs trl 0.18/0.19 (the window), vllm and torch >= 2.6"
 )
 
 
-@pytest.mark.skipif(not TRL_AFFECTED, reason="the FSDP1-only sync exists in trl 0.18/0.19 only")
+@pytest.mark.skipif(not (TRL_AFFECTED and VLLM), reason="the FSDP1-only sync exists in trl 0.18/0.19 only; needs vllm")
 def test_the_probe_reads_trls_fsdp1_only_sync():
     from trl_compat._helpers.source import code
 

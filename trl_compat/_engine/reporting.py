@@ -4,6 +4,8 @@ what has changed around it since: its class replaced, or overridden in a subclas
 
 from __future__ import annotations
 
+import sys
+
 from trl_compat._engine.patch import APPLIED, PatchStatus
 from trl_compat._engine.state import REGISTRY
 from trl_compat._engine.targets import declared, foreign_owner
@@ -11,7 +13,7 @@ from trl_compat._engine.targets import declared, foreign_owner
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
-    from typing import List
+    from typing import List, Sequence
 
     from trl_compat._engine.patch import Patch
     from trl_compat._engine.state import PatchState
@@ -31,7 +33,34 @@ def _status_of(patch: Patch, state: PatchState) -> PatchStatus:
     )
 
 
+class UnknownPatchId(KeyError):
+    """A patch id no registered patch has; the message lists the known ones."""
+
+    def __str__(self) -> str:  # KeyError's would show the message as a quoted repr
+        return str(self.args[0])
+
+
+def checked_ids(caller: str, ids: Sequence[object]) -> List[str]:
+    """``ids`` as given to ``install``/``revert``/``status``: each a registered patch id, else a
+    ``TypeError`` (a list passed as one argument) or :class:`UnknownPatchId`."""
+    for pid in ids:
+        if not isinstance(pid, str):
+            if caller == "status":
+                raise TypeError(f"trl_compat.status() takes one patch id, a string; got {type(pid).__name__} {pid!r}")
+            hint = f"trl_compat.{caller}(*ids)" if isinstance(pid, (list, tuple, set, frozenset)) else None
+            raise TypeError(
+                f"trl_compat.{caller}() takes patch ids as separate string arguments, got {type(pid).__name__} "
+                f"{pid!r}" + (f"; to pass a list, unpack it: {hint}" if hint else ""))
+    unknown = [pid for pid in ids if pid not in REGISTRY]
+    if unknown:
+        raise UnknownPatchId(
+            f"unknown trl_compat patch id{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+            f"known: {', '.join(REGISTRY)}")
+    return list(ids)  # type: ignore[arg-type]
+
+
 def status(patch_id: str) -> str:
+    checked_ids("status", (patch_id,))
     return REGISTRY.state(patch_id).status
 
 
@@ -51,6 +80,12 @@ def _reason_now(patch: Patch, state: PatchState) -> str:
     overriding = _overriding_subclasses(patch, state.module)
     if overriding:
         reason += (f"; overridden in {', '.join(overriding)}: the fix reaches those only through super()")
+    # What the patch has seen since it was applied (its impl module is loaded by then), e.g. the
+    # model classes it decided for: its probe could only read a reference.
+    details = getattr(sys.modules.get(patch.impl), "report_details", None) if patch.impl else None
+    said = details() if details is not None else ""
+    if said:
+        reason += f"; {said}"
     return reason
 
 

@@ -6,9 +6,8 @@ environment."""
 from __future__ import annotations
 
 import _thread
-import os
 
-from trl_compat._engine import logs
+from trl_compat._engine import logs, settings
 from trl_compat._engine.patch import _TROUBLE, APPLIED, PENDING, TrlCompatError
 
 TYPE_CHECKING = False
@@ -127,7 +126,6 @@ class Registry:
 
 
 REGISTRY = Registry()
-_registry = REGISTRY  # the known ids _disabled_ids() checks TRL_COMPAT_DISABLE against
 
 
 def register(patch: Patch) -> None:
@@ -142,18 +140,12 @@ def registry() -> List[Patch]:
 
 
 def strict() -> bool:
-    return switched_on("TRL_COMPAT_STRICT")
+    return settings.strict()
 
 
 def switched_on(variable: str) -> bool:
-    return os.environ.get(variable, "").strip().lower() in {"1", "true", "yes", "on"}
+    return settings.switch(variable)
 
 
 def _disabled_ids() -> set:
-    raw = os.environ.get("TRL_COMPAT_DISABLE", "")
-    ids = {part.strip() for part in raw.split(",") if part.strip()}
-    unknown = ids - set(_registry) - {"*"}
-    if unknown:
-        log.warning("trl_compat: TRL_COMPAT_DISABLE names unknown patch ids %s; known: %s",
-                    sorted(unknown), sorted(_registry))
-    return ids
+    return settings.disabled_ids(REGISTRY)

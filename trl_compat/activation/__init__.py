@@ -20,14 +20,14 @@ import os
 import site
 import sys
 
-from trl_compat._engine import logs
+from trl_compat._engine import logs, settings
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Dict, List, Mapping, Optional
 
-SWITCH = "TRL_COMPAT_AUTO"
-ON_VALUES = ("1", "true", "yes", "on")
+SWITCH = settings.AUTO
+ON_VALUES = settings.ON
 PTH_FILE = "trl_compat.pth"
 START_FILE = "trl_compat.start"
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
@@ -55,8 +55,9 @@ def this_process() -> str:
 
 
 def switch_on(environ: Optional[Mapping[str, str]] = None) -> bool:
-    environ = os.environ if environ is None else environ
-    return environ.get(SWITCH, "").strip().lower() in ON_VALUES
+    # No warning here: an unrecognised value was already told at start-up, by the .pth's
+    # _trl_compat_auto, in every process that inherited it.
+    return settings.is_on(SWITCH, environ)
 
 
 def same_path(a: str, b: str) -> bool:
@@ -99,7 +100,8 @@ def describe(environ: Optional[Mapping[str, str]] = None) -> Dict[str, object]:
     """Whether trl_compat is active automatically here, how, and how this process got it."""
     environ = os.environ if environ is None else environ
     pth, start = installed_site_files(PTH_FILE), installed_site_files(START_FILE)
-    switch = {"variable": SWITCH, "value": environ.get(SWITCH), "on": switch_on(environ), "pth": pth, "start": start}
+    switch = {"variable": SWITCH, "value": environ.get(SWITCH), "on": switch_on(environ), "pth": pth, "start": start,
+              "problem": settings.switch_problem(SWITCH, environ)}
     launcher = {"bootstrap": BOOTSTRAP_DIR, "on_pythonpath": launcher_on_pythonpath(environ)}
     mechanisms = []
     if launcher["on_pythonpath"]:
@@ -117,6 +119,8 @@ def describe(environ: Optional[Mapping[str, str]] = None) -> Dict[str, object]:
         summary = (f"not automatic: {SWITCH}={environ.get(SWITCH)} but {PTH_FILE} is in none of this interpreter's "
                    "site-packages directories (an editable or --target install?): use `trl-compat run -- CMD` "
                    "or `import trl_compat`")
+    elif switch["problem"]:
+        summary = f"not automatic: {switch['problem']}"
     else:
         summary = (f"not automatic: only scripts that `import trl_compat` get the fixes; set {SWITCH}=1 or "
                    "start the run with `trl-compat run -- CMD`")

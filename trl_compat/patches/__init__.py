@@ -16,6 +16,12 @@ from trl_compat._engine.versions import affected
 
 GRPO_MODULE = "trl.trainer.grpo_trainer"
 
+# The TRL releases this version of trl_compat knows: every patch's window and probe were checked
+# against them (matrix/SWEEP.md). GRPOTrainer appeared in 0.14.0. `python -m trl_compat` says when
+# the installed TRL lies outside.
+OLDEST_KNOWN_TRL = "0.14.0"
+NEWEST_KNOWN_TRL = "0.19.1"
+
 # The transformers-5 patches' shared window: TRL releases trl_compat supports (< 0.20, and the
 # 0.20.0.dev0 builds that still carry 0.19's code) on transformers 5. Each has its own probe.
 TRANSFORMERS5 = {"trl": affected("0.14.0", "0.20.0"), "transformers": affected("5.0.0")}
@@ -158,7 +164,7 @@ PATCHES = [
         upstream="https://github.com/huggingface/trl/issues/2698 (fixed by PR #2725 in 0.15.0; merged values in 0.15.1)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",
-        requires={"trl": affected("0.14.0", "0.15.0")},
+        requires={"trl": affected("0.14.0", "0.15.0"), "vllm": ">=0"},
         impl="trl_compat.patches.vllm_lora_names",
         remove_when="TRL < 0.15.0 is no longer supported",
     ),
@@ -169,7 +175,7 @@ PATCHES = [
         upstream="https://github.com/huggingface/trl/issues/2856 (fixed by PR #2873 in 0.15.1)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer._move_model_to_vllm",
-        requires={"trl": affected("0.15.0", "0.16.0")},
+        requires={"trl": affected("0.15.0", "0.16.0"), "vllm": ">=0"},
         impl="trl_compat.patches.vllm_merged_weights",
         remove_when="TRL < 0.15.1 is no longer supported",
     ),
@@ -180,7 +186,7 @@ PATCHES = [
         upstream="https://github.com/huggingface/trl/issues/3024 (fixed in 0.16.0)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer._move_model_to_vllm",
-        requires={"trl": affected("0.15.0", "0.16.0")},
+        requires={"trl": affected("0.15.0", "0.16.0"), "vllm": ">=0"},
         impl="trl_compat.patches.vllm_prefix_cache",
         remove_when="TRL 0.15.x is no longer supported",
     ),
@@ -300,7 +306,7 @@ PATCHES = [
         upstream="https://github.com/huggingface/trl/pull/3687 (fixed in 0.20.0; reported in PR #3670)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",
-        requires={"trl": affected("0.18.0", "0.20.0")},
+        requires={"trl": affected("0.18.0", "0.20.0"), "vllm": ">=0"},
         impl="trl_compat.patches.fsdp2_vllm_sync",
         remove_when="TRL 0.18.x and 0.19.x are no longer supported",
     ),

@@ -11,9 +11,12 @@ import os
 import sys
 
 VARIABLE = "TRL_COMPAT_AUTO"
+# The same values as trl_compat/_engine/settings.py's ON and OFF (this module cannot import it).
 ON_VALUES = ("1", "true", "yes", "on")
+OFF_VALUES = ("0", "false", "no", "off", "")
 
 _started = False
+warned = None  # the unrecognised value warned about; trl_compat's own check does not repeat it
 
 
 def switch_on(environ=None):
@@ -22,9 +25,21 @@ def switch_on(environ=None):
 
 
 def start():
-    """Activate trl_compat in this process if ``TRL_COMPAT_AUTO`` is on. Never raises."""
-    global _started
-    if _started or not switch_on():
+    """Activate trl_compat in this process if ``TRL_COMPAT_AUTO`` is on; warn on stderr about a
+    value that is neither on nor off (taken as off). Never raises."""
+    global _started, warned
+    if _started:
+        return
+    if not switch_on():
+        raw = os.environ.get(VARIABLE, "")
+        if raw.strip().lower() not in OFF_VALUES and warned is None:
+            warned = raw
+            try:
+                sys.stderr.write(
+                    "trl_compat: warning: %s=%r is not a recognised value (on: %s; off: %s or unset); assumed off\n"
+                    % (VARIABLE, raw, ", ".join(ON_VALUES), ", ".join(OFF_VALUES[:-1])))
+            except Exception:  # noqa: BLE001 - no stderr: nothing to warn on
+                pass
         return
     _started = True
     try:

@@ -83,6 +83,7 @@ import functools
 from trl_compat._engine import needed, not_needed, undecided
 from trl_compat.patches.logits_to_keep.accepts import (  # noqa: F401 - the patch's names, for tests and tools
     MATCH,
+    REFERENCE_MODEL,
     RENAME,
     SLICE,
     TRL_SLICES,
@@ -118,7 +119,8 @@ def probe(module):
     where = f"GRPOTrainer.{trl.caller}"
     if trl.passed not in ref.names:
         return needed(
-            f"{where} passes {trl.passed}=K+1 but {tf}'s causal LMs (LlamaForCausalLM) take {takes}: "
+            f"{where} passes {trl.passed}=K+1 but {tf}'s causal LMs take {takes} (as read from {REFERENCE_MODEL}; "
+            "each model TRL calls is decided from its own class's forward): "
             + ("full [B, L, V] logits are computed (TRL slices afterwards)" if trl.fallback else
                "full logits come back and TRL, which has no fallback slice, takes log-probs from the wrong positions")
             + "; the request is passed under the model's own name, decided per model")
@@ -127,6 +129,15 @@ def probe(module):
             f"{where} passes {trl.passed}=K+1 and has no fallback slice: a model whose forward lacks {trl.passed} "
             "gives wrong log-probs or a TypeError; decided per model (models that take it are left untouched)")
     return not_needed(f"{where} passes {trl.passed}=K+1, which {tf}'s causal LMs take, and slices the logits itself")
+
+
+def report_details() -> str:
+    """The model classes decided for in this process, for the report (the probe only read
+    transformers' reference class)."""
+    decided = decisions()
+    if not decided:
+        return ""
+    return "models decided: " + ", ".join(f"{cls.rpartition('.')[2]}: {action}" for cls, action in sorted(decided.items()))
 
 
 def apply(module, patcher) -> None:

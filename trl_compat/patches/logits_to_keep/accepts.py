@@ -86,8 +86,12 @@ def decide(accepted: Optional[Accepts], trl: TrlCall) -> str:
     return SLICE
 
 
+# The class whose forward stands for "transformers' causal LMs" before any model is known.
+REFERENCE_MODEL = "LlamaForCausalLM"
+
+
 def reference_accepts() -> Tuple[Optional[Accepts], str]:
-    """What transformers' causal LMs take (LlamaForCausalLM's), and which transformers that is."""
+    """What transformers' causal LMs take (REFERENCE_MODEL's), and which transformers that is."""
     try:
         import transformers
         from transformers.models.llama.modeling_llama import LlamaForCausalLM
