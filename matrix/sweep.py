@@ -53,20 +53,21 @@ def _v(versions, dist):
 KNOWN = {
     # bug present (per research/trl-bugs.md and issue 8) for these releases and installed versions
     "peft-optional": lambda v, vs: _v(vs, "peft") is None and v < V("0.16.0"),
-    "vllm-lora-names": lambda v, vs: v == V("0.14.0"),
-    "vllm-merged-weights": lambda v, vs: v == V("0.15.0"),
+    # the four vLLM-sync patches also require vllm installed (nothing to sync without it)
+    "vllm-lora-names": lambda v, vs: _v(vs, "vllm") is not None and v == V("0.14.0"),
+    "vllm-merged-weights": lambda v, vs: _v(vs, "vllm") is not None and v == V("0.15.0"),
     "logits-to-keep": lambda v, vs: V("0.14.0") <= v < V("0.20.0"),
     "zero3-unwrap": lambda v, vs: V("0.14.0") <= v < V("0.16.0"),
     "zero3-hooks-api": lambda v, vs: V("0.14.0") <= v < V("0.16.0") and (_v(vs, "deepspeed") or V("0")) >= V("0.16.4"),
     "train-sampler-signature": lambda v, vs: V("0.15.0") <= v < V("0.17.0") and _v(vs, "transformers") >= V("4.52.0"),
     "grpo-eval-0.14": lambda v, vs: v == V("0.14.0"),
-    "vllm-prefix-cache": lambda v, vs: V("0.15.0") <= v < V("0.16.0"),
+    "vllm-prefix-cache": lambda v, vs: _v(vs, "vllm") is not None and V("0.15.0") <= v < V("0.16.0"),
     # research/further-bugs.md S1-S3 (issue 13); GRPO's use_vllm needs vllm installed
     "vllm-prompt-truncation": lambda v, vs: _v(vs, "vllm") is not None and V("0.14.0") <= v < V("0.19.0"),
     "vllm-prompt-special-tokens": lambda v, vs: _v(vs, "vllm") is not None and v == V("0.19.0"),
     "vllm-double-bos": lambda v, vs: _v(vs, "vllm") is not None and V("0.14.0") <= v < V("0.24.0"),
     # issue 13: FSDP1-only sync (PR #3687); in-process sync vs vLLM's V1 default (0.8) until V0's removal (0.11)
-    "fsdp2-vllm-sync": lambda v, vs: V("0.18.0") <= v < V("0.20.0"),
+    "fsdp2-vllm-sync": lambda v, vs: _v(vs, "vllm") is not None and V("0.18.0") <= v < V("0.20.0"),
     "vllm-v1-engine": lambda v, vs: (V("0.14.0") <= v < V("0.16.0")
                                      and V("0.8.0") <= (_v(vs, "vllm") or V("0")) < V("0.11.0")),
     # research/further-bugs.md S4, S5, C1, C3, C4, C5, C8 (issue 14)
@@ -211,7 +212,8 @@ def pins(cell, drop=("trl",)):
 
 BASES = {
     # rich: a core requirement of trl 0.14-0.17 that the newer pins lack
-    "tf4.53": lambda: pins("trl0.19.1-tf4.53.3") + ["deepspeed==0.16.4", "rich"],
+    # the vLLM stand-in: the main-branch rows check the vLLM patches' probes, which need vllm installed
+    "tf4.53": lambda: pins("trl0.19.1-tf4.53.3") + ["deepspeed==0.16.4", "rich", str(ROOT / "tests" / "vllm_standin" / "v0.9.1")],
     "tf4.57": lambda: ["torch==2.13.0", "transformers==4.57.6", "accelerate", "datasets", "peft",
                        "deepspeed==0.19.8", "pytest", "wrapt", "packaging", "rich"],
     "tf5": lambda: pins("trl-newest") + ["rich"],
