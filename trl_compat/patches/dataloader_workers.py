@@ -140,7 +140,3 @@ def apply(module, patcher):
         patcher.wrap(cls, "__init__", _init_factory)
     if not (seed_worker or collator):  # the probe said otherwise a moment ago
         raise RuntimeError("neither part of the bug found")
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.14.0", "0.17.0", "0.18.1", "0.18.2", "0.19.0.dev0"], "outside": ["0.19.0"]}}

@@ -159,7 +159,3 @@ def apply(module, patcher) -> None:
     cls = module.GRPOTrainer
     patcher.replace(cls, "prediction_step", prediction_step)
     patcher.wrap(cls, "log", _wrap_log)
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0.dev0"], "outside": ["0.15.0", "0.16.0"]}}

@@ -76,7 +76,3 @@ def _init_factory(module):
 
 def apply(module, patcher):
     patcher.wrap(module.GRPOTrainer, "__init__", _init_factory(module))
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.14.0", "0.16.1", "0.17.0.dev0"], "outside": ["0.17.0"]}}

@@ -128,8 +128,3 @@ def apply(module, patcher):
         mine.clear()
 
     patcher.on_undo(undo)
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]},
-            "vllm": {"inside": ["0.8.0", "0.8.5.post2", "0.10.2"], "outside": ["0.7.2"]}}

@@ -136,8 +136,3 @@ def apply(module, patcher) -> None:
     SWITCH.active = trl
     patcher.on_undo(lambda: delattr(SWITCH, "active"))  # also restores every model's forward
     patcher.wrap(module.GRPOTrainer, trl.entry, functools.partial(wrap_entry, trl=trl))
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0", "0.18.2", "0.19.0", "0.19.1", "0.20.0.dev0"],
-                    "outside": ["0.20.0"]}}
