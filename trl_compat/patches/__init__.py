@@ -1,14 +1,17 @@
 """The registry: every patch, declared as data, in the order they stack.
 
-Each entry says which bug it fixes (``summary``, ``upstream``), when it is due (``module``, the
-trigger; ``requires``, the version windows) and when to delete it; the module named by ``code``
-holds its probe and apply, with the docstring that traces the bug. ``import trl_compat`` reads
-only this table and gates it; a patch's module is imported when its trigger module is, so a
-process that never imports TRL never loads a patch. A new patch is one module (or a small
-package) here, one entry below, and its tests.
+Each entry is the whole declaration of one patch (the fields are documented on
+``trl_compat._engine.patch.Patch``): what a user sees without it (``symptom``), what the fix does
+(``summary``, ``upstream``), when it is due (``trigger``, the module whose import runs it;
+``requires``, the version windows, and ``witnesses``, the versions the window tests feed through
+the gate), what it may change (``changes``) and when to delete it (``remove_when``). The module
+named by ``impl`` holds its probe and apply, with the docstring that traces the bug.
+``import trl_compat`` reads only this table and gates it; a patch's module is imported when its
+trigger module is, so a process that never imports TRL never loads a patch. A new patch is one
+module (or a small package) here, one entry below, and its tests (named after its id).
 
-Patches that change the same attribute stack in this order (the engine keeps it whatever order
-they are installed and reverted in).
+Patches whose ``changes`` overlap stack in this order (the engine keeps it whatever order they
+are installed and reverted in).
 """
 
 from trl_compat._engine.patch import Patch
