@@ -31,7 +31,7 @@ from trl_compat.patches import logits_to_keep as ltk
 
 from packaging.version import Version
 
-PID = ltk.PATCH_ID
+PID = "logits-to-keep"
 TF = Version(transformers.__version__)
 OLD_TF = TF < Version("4.49")  # Qwen2/Llama take only num_logits_to_keep
 SHIM_TF = Version("4.49") <= TF < Version("4.52")  # both names (deprecate_kwarg)
