@@ -1,6 +1,8 @@
 """Every registry entry is a whole declaration: what it changes, the versions its window tests
 feed through the gate, and what a user sees without it (runs in every cell, no trl needed)."""
 
+import importlib.util
+import pathlib
 import re
 
 from trl_compat.patches import PATCHES, declared
@@ -68,3 +70,16 @@ def test_the_six_init_patches_stack_in_registry_order():
     init = [patch.id for patch in PATCHES if "GRPOTrainer.__init__" in patch.changes]
     assert init == ["peft-optional", "dataloader-workers", "pad-token", "peft-gradient-checkpointing",
                     "reward-model-zero3", "vllm-v1-engine"]
+
+
+def _impl_source(patch) -> str:
+    path = pathlib.Path(importlib.util.find_spec(patch.impl).origin)
+    files = sorted(path.parent.glob("*.py")) if path.name == "__init__.py" else [path]
+    return "".join(f.read_text(encoding="utf-8") for f in files)
+
+
+@pytest.mark.parametrize("patch", [p for p in PATCHES if "GRPOTrainer.__init__" in p.changes], ids=lambda p: p.id)
+def test_every_init_fix_goes_through_around_init(patch):
+    source = _impl_source(patch)
+    assert "around_init(" in source, f"{patch.impl} wraps GRPOTrainer.__init__ without trl_compat._helpers.trainer_init"
+    assert not re.search(r"""\.wrap\([^)]*["']__init__["']""", source), f"{patch.impl} wraps __init__ itself"

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from typing import Any, Callable, Optional
 
 from trl_compat._engine import Verdict, undecided
@@ -79,14 +80,18 @@ def wrap_generation(module, patcher, fix: str) -> None:
     while it runs, vLLM's prompts are corrected for ``fix``."""
     cls = module.GRPOTrainer
     name = generation_method(cls)
-    # the batch of prompt dicts: ``inputs`` of compute_loss(self, model, inputs, ...) and of
-    # _prepare_inputs / _generate_and_score_completions(self, inputs)
-    position = 1 if name == "compute_loss" else 0
 
     def factory(original):
+        signature = inspect.signature(original)
+
         @functools.wraps(original)
         def wrapper(self, *args, **kwargs):
-            inputs = args[position] if len(args) > position else kwargs.get("inputs")
+            # the batch of prompt dicts: ``inputs`` of compute_loss(self, model, inputs, ...) and of
+            # _prepare_inputs / _generate_and_score_completions(self, inputs)
+            try:
+                inputs = signature.bind_partial(self, *args, **kwargs).arguments.get("inputs")
+            except TypeError:  # TRL reports the call as it always did
+                inputs = None
             with _correcting(self, fix, inputs):
                 return original(self, *args, **kwargs)
 
