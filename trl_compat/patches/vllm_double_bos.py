@@ -41,9 +41,4 @@ def _judge(name, source):
                   "training ids, which changes what is generated for them (prompts both tokenise alike are untouched)")
 
 
-def probe(module):
-    return vllm_prompts.probe_generation(module, _judge)
-
-
-def apply(module, patcher):
-    vllm_prompts.wrap_generation(module, patcher, vllm_prompts.DOUBLE_BOS)
+probe, apply = vllm_prompts.prompt_patch(vllm_prompts.DOUBLE_BOS, _judge)

@@ -40,9 +40,4 @@ def _judge(name, source):
     return not_needed(f"GRPOTrainer.{name} does not re-decode the truncated prompt for vLLM")
 
 
-def probe(module):
-    return vllm_prompts.probe_generation(module, _judge)
-
-
-def apply(module, patcher):
-    vllm_prompts.wrap_generation(module, patcher, vllm_prompts.SPECIAL_TOKENS)
+probe, apply = vllm_prompts.prompt_patch(vllm_prompts.SPECIAL_TOKENS, _judge)

@@ -45,9 +45,4 @@ def _judge(name, source):
                   "changes what is generated for prompts longer than max_prompt_length")
 
 
-def probe(module):
-    return vllm_prompts.probe_generation(module, _judge)
-
-
-def apply(module, patcher):
-    vllm_prompts.wrap_generation(module, patcher, vllm_prompts.TRUNCATION)
+probe, apply = vllm_prompts.prompt_patch(vllm_prompts.TRUNCATION, _judge)

@@ -32,8 +32,9 @@ on its own:
 A prompt that needs no correction is passed on untouched, so a run that has none of these bugs
 generates what it generated without trl_compat.
 
-Here: finding the generation method, wrapping it, and what the three patch modules share
-(:func:`probe_generation`, :func:`wrap_generation`); the corrections themselves are in ``handoff``.
+Here: finding the generation method, wrapping it, and the probe and apply the three patch modules
+share (:func:`prompt_patch`: each module only judges the method's code); the corrections
+themselves are in ``handoff``.
 """
 
 from __future__ import annotations
@@ -108,6 +109,19 @@ def probe_generation(module, judge: Callable[[str, Any], Verdict]) -> Verdict:
     if name is None:
         return undecided("no GRPOTrainer method calls self.llm.generate / self.vllm_client.generate")
     return judge(name, code(getattr(cls, name)))
+
+
+def prompt_patch(fix: str, judge: Callable[[str, Any], Verdict]):
+    """``(probe, apply)`` of the prompt patch ``fix`` (one of the three ids): the probe lets
+    ``judge(name, code)`` decide from GRPOTrainer's generation method, apply wraps that method."""
+
+    def probe(module) -> Verdict:
+        return probe_generation(module, judge)
+
+    def apply(module, patcher) -> None:
+        wrap_generation(module, patcher, fix)
+
+    return probe, apply
 
 
 # -- the instance wrappers ---------------------------------------------------------------------

@@ -81,27 +81,10 @@ from __future__ import annotations
 import functools
 
 from trl_compat._engine import needed, not_needed, undecided
-from trl_compat.patches.logits_to_keep.accepts import (  # noqa: F401 - the patch's names, for tests and tools
-    MATCH,
-    RENAME,
-    SLICE,
-    TRL_SLICES,
-    UNKNOWN,
-    Accepts,
-    accepts,
-    decide,
-    reference_accepts,
-)
-from trl_compat.patches.logits_to_keep.forward import (  # noqa: F401
-    _PREV,
-    SWITCH,
-    _ours,
-    unwrap,
-    unwrap_all,
-    wrapped_models,
-)
-from trl_compat.patches.logits_to_keep.prepare import decisions, prepare_model, wrap_entry  # noqa: F401
-from trl_compat.patches.logits_to_keep.trl_call import NAMES, NEW, NEXT, OLD, PATCH_ID, TrlCall, read_trl  # noqa: F401
+from trl_compat.patches.logits_to_keep.accepts import reference_accepts
+from trl_compat.patches.logits_to_keep.forward import SWITCH
+from trl_compat.patches.logits_to_keep.prepare import wrap_entry
+from trl_compat.patches.logits_to_keep.trl_call import NEXT, read_trl
 
 
 def probe(module):
