@@ -64,9 +64,9 @@ def test_ids_are_unique_and_declared_finds_each():
         declared("no-such-patch")
 
 
-def test_the_six_init_patches_stack_in_registry_order():
-    """Their hooks do not depend on their order (each reads the call's arguments or the finished
-    trainer); the registry order is the one the engine keeps."""
+def test_the_six_init_patches_declare_it():
+    """Their order on GRPOTrainer.__init__ is derived from these declarations (the registry's);
+    none depends on it: each hook reads the call's arguments or the finished trainer."""
     init = [patch.id for patch in PATCHES if "GRPOTrainer.__init__" in patch.changes]
     assert init == ["peft-optional", "dataloader-workers", "pad-token", "peft-gradient-checkpointing",
                     "reward-model-zero3", "vllm-v1-engine"]
