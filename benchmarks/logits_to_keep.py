@@ -119,7 +119,7 @@ def child(mode: str, repeats: int) -> dict:
 def _overhead(n: int = 20000) -> dict:
     """The patch's own cost per TRL call, without any model work: ``prepare_model`` on an
     already-prepared model, and the wrapped forward vs the bare one on a module that does nothing."""
-    from trl_compat.patches import logits_to_keep as ltk
+    from trl_compat.patches.logits_to_keep.prepare import prepare_model
 
     import torch
 
@@ -128,7 +128,7 @@ def _overhead(n: int = 20000) -> dict:
             return input_ids
 
     bare, wrapped = Nothing(), Nothing()
-    ltk.prepare_model(wrapped)
+    prepare_model(wrapped)
     assert "forward" in vars(wrapped)
 
     def per_call(fn):
@@ -137,7 +137,7 @@ def _overhead(n: int = 20000) -> dict:
             fn()
         return (time.perf_counter() - start) / n * 1e6
 
-    return dict(prepare_model=per_call(lambda: ltk.prepare_model(wrapped)),
+    return dict(prepare_model=per_call(lambda: prepare_model(wrapped)),
                 forward_wrapped=per_call(lambda: wrapped.forward(1, logits_to_keep=2)),
                 forward_bare=per_call(lambda: bare.forward(1, num_logits_to_keep=2)))
 

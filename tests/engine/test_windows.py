@@ -1,9 +1,9 @@
 """Every patch's version window holds the versions its docstring names, and the main-branch
 builds around each bound (runs in every cell, no trl needed).
 
-Each patch module states ``VERSIONS = {dist: {"inside": [...], "outside": [...]}}``: the
-versions its docstring names as affected (or as ones where the probe decides), and those it
-names as fixed or out of scope. Besides those, for the lowest inside release X and the lowest
+Each registry entry states ``witnesses={dist: {"inside": [...], "outside": [...]}}``: the
+versions its module's docstring names as affected (or as ones where the probe decides), and
+those it names as fixed or out of scope. Besides those, for the lowest inside release X and the lowest
 outside release F above every inside one, ``X.dev0`` and ``F.dev0`` (main-branch builds: the
 bug's first ones, and those before the fix commit) must be inside, ``F`` and ``F.rc1`` outside.
 """
@@ -19,10 +19,6 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 ANY = "99.0"  # for a dist a patch only needs installed (deepspeed ">=0")
-
-
-def declared(patch):
-    return getattr(importlib.import_module(patch.impl), "VERSIONS", None)
 
 
 def expectations(named):
@@ -48,7 +44,7 @@ def gate_with(monkeypatch, patch, versions):
 
 CASES = []
 for _patch in PATCHES:
-    _named = declared(_patch) or {}
+    _named = _patch.witnesses
     for _dist in _patch.requires:
         for _version, _inside in expectations(_named[_dist]) if _dist in _named else ():
             CASES.append(pytest.param(_patch, _dist, _version, _inside, id=f"{_patch.id}-{_dist}-{_version}"))
@@ -56,19 +52,19 @@ for _patch in PATCHES:
 
 @pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.id)
 def test_every_patch_names_its_versions(patch):
-    named = declared(patch)
-    assert named is not None, f"{patch.impl} has no VERSIONS next to its probe"
+    named = patch.witnesses
+    assert named, f"{patch.id} names no witnesses"
     assert getattr(importlib.import_module(patch.impl), "PATCH_ID", patch.id) == patch.id
     for dist, spec in patch.requires.items():
         if dist not in named:
-            assert Version(ANY) in SpecifierSet(spec), f"{patch.id}: {dist} {spec} needs VERSIONS"
+            assert Version(ANY) in SpecifierSet(spec), f"{patch.id}: {dist} {spec} needs witnesses"
         else:
             assert named[dist]["inside"], f"{patch.id}: no affected {dist} version named"
 
 
 @pytest.mark.parametrize("patch, dist, version, inside", CASES)
 def test_window_holds_the_named_versions_and_the_dev_builds_around_them(monkeypatch, patch, dist, version, inside):
-    named = declared(patch)
+    named = patch.witnesses
     versions = {d: (named[d]["inside"][0] if d in named else ANY) for d in patch.requires}
     versions[dist] = version
     got, reason = gate_with(monkeypatch, patch, versions)

@@ -26,7 +26,7 @@ from trl_compat._helpers import vllm_prompts
 
 import pytest
 
-TRUNCATION, SPECIAL, DOUBLE_BOS = vllm_prompts.TRUNCATION, vllm_prompts.SPECIAL_TOKENS, vllm_prompts.DOUBLE_BOS
+TRUNCATION, SPECIAL, DOUBLE_BOS = "vllm-prompt-truncation", "vllm-prompt-special-tokens", "vllm-double-bos"
 HAVE_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
 
 if HAVE_TORCH:

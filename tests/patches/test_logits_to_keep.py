@@ -27,11 +27,14 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 import trl_compat
 from trl_compat._helpers.models import peel
-from trl_compat.patches import logits_to_keep as ltk
+from trl_compat.patches.logits_to_keep.accepts import MATCH, REFERENCE_MODEL, RENAME, SLICE, TRL_SLICES, UNKNOWN, Accepts, accepts
+from trl_compat.patches.logits_to_keep.forward import _PREV, SWITCH, _ours, unwrap_all, wrapped_models
+from trl_compat.patches.logits_to_keep.prepare import decisions, prepare_model
+from trl_compat.patches.logits_to_keep.trl_call import NEW, OLD, TrlCall, read_trl
 
 from packaging.version import Version
 
-PID = ltk.PATCH_ID
+PID = "logits-to-keep"
 TF = Version(transformers.__version__)
 OLD_TF = TF < Version("4.49")  # Qwen2/Llama take only num_logits_to_keep
 SHIM_TF = Version("4.49") <= TF < Version("4.52")  # both names (deprecate_kwarg)
@@ -56,7 +59,7 @@ QWEN2_MISMATCH = (T014 and NEW_TF) or (MID and OLD_TF)
 
 def _takes_neither(cls):
     params = inspect.signature(cls.forward).parameters
-    return ltk.NEW not in params and ltk.OLD not in params
+    return NEW not in params and OLD not in params
 
 
 def neither_class():
@@ -239,37 +242,37 @@ class NeitherStrictLM(_LM):
 def facts():
     """Switch the per-model machinery on with given TRL facts; afterwards the switch is put back
     exactly as it was (the engine may own it) and the models wrapped meanwhile are restored."""
-    had = "active" in vars(ltk.SWITCH)
-    old = vars(ltk.SWITCH).get("active")
+    had = "active" in vars(SWITCH)
+    old = vars(SWITCH).get("active")
 
     def set_facts(passed, fallback):
-        ltk.SWITCH.active = ltk.TrlCall(passed, fallback, "_get_per_token_logps", "_get_per_token_logps")
+        SWITCH.active = TrlCall(passed, fallback, "_get_per_token_logps", "_get_per_token_logps")
 
     yield set_facts
     if had:
-        ltk.SWITCH.active = old
-    elif "active" in vars(ltk.SWITCH):
-        del ltk.SWITCH.active
-    ltk.unwrap_all()
+        SWITCH.active = old
+    elif "active" in vars(SWITCH):
+        del SWITCH.active
+    unwrap_all()
 
 
 IDS = torch.arange(1, 13).reshape(2, 6) % 31 + 1
 
 
 @pytest.mark.parametrize("cls,passed,action,seen", [
-    (OldLM, ltk.NEW, ltk.RENAME, {"num_logits_to_keep": 3}),  # TRL 0.15-0.18 on transformers <= 4.48
-    (NewLM, ltk.OLD, ltk.RENAME, {"logits_to_keep": 3}),  # TRL 0.14.0 on transformers >= 4.52
-    (NewLM, ltk.NEW, ltk.MATCH, {"logits_to_keep": 3}),
-    (OldLM, ltk.OLD, ltk.MATCH, {"num_logits_to_keep": 3}),
-    (NeitherKwLM, ltk.NEW, ltk.SLICE, {"logits_to_keep": 3}),  # kept: **kwargs may pass it on
-    (NeitherStrictLM, ltk.OLD, ltk.SLICE, {}),  # dropped: it would raise TypeError
+    (OldLM, NEW, RENAME, {"num_logits_to_keep": 3}),  # TRL 0.15-0.18 on transformers <= 4.48
+    (NewLM, OLD, RENAME, {"logits_to_keep": 3}),  # TRL 0.14.0 on transformers >= 4.52
+    (NewLM, NEW, MATCH, {"logits_to_keep": 3}),
+    (OldLM, OLD, MATCH, {"num_logits_to_keep": 3}),
+    (NeitherKwLM, NEW, SLICE, {"logits_to_keep": 3}),  # kept: **kwargs may pass it on
+    (NeitherStrictLM, OLD, SLICE, {}),  # dropped: it would raise TypeError
 ])
 def test_synthetic_forward_gets_the_request(facts, cls, passed, action, seen):
     facts(passed, fallback=False)
     model = cls()
     expected = model._out(IDS, 3).logits
-    assert ltk.prepare_model(model) == action
-    assert ("forward" in vars(model)) == (action != ltk.MATCH)  # names match: nothing is wrapped
+    assert prepare_model(model) == action
+    assert ("forward" in vars(model)) == (action != MATCH)  # names match: nothing is wrapped
     out = model(input_ids=IDS, **{passed: 3})
     assert model.calls[-1] == seen
     assert out.logits.shape == (2, 3, 32)
@@ -278,21 +281,21 @@ def test_synthetic_forward_gets_the_request(facts, cls, passed, action, seen):
 
 
 def test_synthetic_neither_with_fallback_is_left_to_trl(facts):
-    facts(ltk.NEW, fallback=True)
+    facts(NEW, fallback=True)
     model = NeitherKwLM()
-    assert ltk.prepare_model(model) == ltk.TRL_SLICES
+    assert prepare_model(model) == TRL_SLICES
     assert "forward" not in vars(model)
     strict = NeitherStrictLM()  # TRL's fallback cannot save a forward that raises
-    assert ltk.prepare_model(strict) == ltk.SLICE
+    assert prepare_model(strict) == SLICE
     with pytest.raises(TypeError):
         NeitherStrictLM()(input_ids=IDS, logits_to_keep=3)
     assert strict(input_ids=IDS, logits_to_keep=3).logits.shape[1] == 3
 
 
 def test_synthetic_tensor_request_on_old_model_is_sliced(facts):
-    facts(ltk.NEW, fallback=False)
+    facts(NEW, fallback=False)
     model = OldLM()
-    ltk.prepare_model(model)
+    prepare_model(model)
     keep = torch.tensor([0, 2, 4])
     out = model(input_ids=IDS, logits_to_keep=keep)
     assert model.calls[-1] == {"num_logits_to_keep": 0}  # num_logits_to_keep only took ints
@@ -300,24 +303,24 @@ def test_synthetic_tensor_request_on_old_model_is_sliced(facts):
 
 
 def test_wrapping_is_idempotent_keeps_signature_and_only_acts_on_the_request(facts):
-    facts(ltk.NEW, fallback=False)
+    facts(NEW, fallback=False)
     model = OldLM()
     signature = inspect.signature(model.forward)
-    ltk.prepare_model(model)
+    prepare_model(model)
     forward = vars(model)["forward"]
-    ltk.prepare_model(model)
-    ltk.prepare_model(torch.nn.DataParallel(model))
+    prepare_model(model)
+    prepare_model(torch.nn.DataParallel(model))
     assert vars(model)["forward"] is forward
-    assert [m for m in ltk.wrapped_models() if m is model] == [model]
+    assert [m for m in wrapped_models() if m is model] == [model]
     assert inspect.signature(model.forward) == signature
     model(input_ids=IDS)  # without TRL's kwarg: passed through untouched
     assert model.calls[-1] == {"num_logits_to_keep": 0}
 
 
 def test_deepcopy_rebinds_to_the_copy(facts):
-    facts(ltk.NEW, fallback=False)
+    facts(NEW, fallback=False)
     model = OldLM()
-    ltk.prepare_model(model)
+    prepare_model(model)
     twin = copy.deepcopy(model)
     with torch.no_grad():
         twin.lm_head.bias.add_(1.0)
@@ -333,19 +336,19 @@ def test_on_top_of_accelerate_mixed_precision(facts):
     pytest.importorskip("accelerate")
     from accelerate.utils import convert_outputs_to_fp32, extract_model_from_parallel
 
-    facts(ltk.NEW, fallback=False)
+    facts(NEW, fallback=False)
     model = OldLM()
     signature = inspect.signature(model.forward)
     model._original_forward = model.forward  # what Accelerator.prepare_model does with native AMP
     autocast = torch.autocast("cpu", dtype=torch.bfloat16)(model.forward.__func__)
     model.forward = types.MethodType(convert_outputs_to_fp32(autocast), model)
-    assert ltk.prepare_model(model) == ltk.RENAME
+    assert prepare_model(model) == RENAME
     out = model(input_ids=IDS, logits_to_keep=3)
     assert model.calls[-1] == {"num_logits_to_keep": 3}
     assert out.logits.shape[1] == 3 and out.logits.dtype == torch.float32  # accelerate's wrapper still ran
     assert inspect.signature(model.forward) == signature
     extract_model_from_parallel(model, keep_fp32_wrapper=False)  # may strip ours along with accelerate's
-    assert ltk.prepare_model(model) == ltk.RENAME  # put back lazily at TRL's next call, once
+    assert prepare_model(model) == RENAME  # put back lazily at TRL's next call, once
     assert model(input_ids=IDS, logits_to_keep=2).logits.shape[1] == 2
     assert model.calls[-1] == {"num_logits_to_keep": 2}
 
@@ -356,14 +359,14 @@ def test_peft_calls_the_instance_forward(facts):
     peft = pytest.importorskip("peft")
     if SHIM_TF:
         pytest.skip(f"transformers {TF}: Qwen2 takes both names, so nothing needs passing on")
-    passed = ltk.OLD if NEW_TF else ltk.NEW
+    passed = OLD if NEW_TF else NEW
     facts(passed, fallback=False)
     model = make_qwen2()
     rows = LmHeadRows(model)
     hook_calls = []
     model.register_forward_pre_hook(lambda mod, args: hook_calls.append(1))
     wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["q_proj"], task_type="CAUSAL_LM"))
-    assert ltk.prepare_model(wrapped) == ltk.RENAME
+    assert prepare_model(wrapped) == RENAME
     ids, mask, k = batch()
     wrapped(input_ids=ids, attention_mask=mask, **{passed: k + 1})
     assert rows.rows[-1] == k + 1
@@ -374,22 +377,22 @@ def test_peft_calls_the_instance_forward(facts):
 
 
 def test_unwrap_all_restores_and_buried_wrappers_pass_through(facts):
-    facts(ltk.NEW, fallback=False)
+    facts(NEW, fallback=False)
     model, other = OldLM(), OldLM()
-    ltk.prepare_model(model)
-    ltk.prepare_model(other)
+    prepare_model(model)
+    prepare_model(other)
     ours = other.forward
     other.forward = types.MethodType(lambda self, *a, **k: ours(*a, **k), other)  # someone wraps ours
-    ltk.SWITCH.__delattr__("active")  # what revert() does
-    assert "forward" not in vars(model) and ltk._PREV not in vars(model)
+    SWITCH.__delattr__("active")  # what revert() does
+    assert "forward" not in vars(model) and _PREV not in vars(model)
     assert other(input_ids=IDS, logits_to_keep=2).logits.shape[1] == 6  # switched off: original behaviour
     assert other.calls[-1] == {"logits_to_keep": 2, "num_logits_to_keep": 0}
 
 
 def test_prepare_never_raises(facts):
-    facts(ltk.NEW, fallback=False)
-    assert ltk.prepare_model(None) is None
-    assert ltk.prepare_model(object()) == ltk.UNKNOWN
+    facts(NEW, fallback=False)
+    assert prepare_model(None) is None
+    assert prepare_model(object()) == UNKNOWN
 
 
 # -- the transformers side -------------------------------------------------------------------------
@@ -398,13 +401,13 @@ def test_prepare_never_raises(facts):
 def test_accepted_names_of_the_installed_causal_lms():
     from transformers import GPT2LMHeadModel, LlamaForCausalLM, OPTForCausalLM, Qwen2ForCausalLM
 
-    expected = {ltk.OLD} if OLD_TF else {ltk.NEW, ltk.OLD} if SHIM_TF else {ltk.NEW}
+    expected = {OLD} if OLD_TF else {NEW, OLD} if SHIM_TF else {NEW}
     for cls in (Qwen2ForCausalLM, LlamaForCausalLM):
-        assert ltk.accepts(cls).names == expected, cls
+        assert accepts(cls).names == expected, cls
     if TF < Version("4.54"):  # the releases pinned in the matrix; later ones gave OPT logits_to_keep too
         assert NEITHER is OPTForCausalLM
-        assert ltk.accepts(OPTForCausalLM) == ltk.Accepts(frozenset(), neither_has_var_kw())
-        assert ltk.accepts(GPT2LMHeadModel).names == ({ltk.NEW} if TF >= Version("4.53") else set())
+        assert accepts(OPTForCausalLM) == Accepts(frozenset(), neither_has_var_kw())
+        assert accepts(GPT2LMHeadModel).names == ({NEW} if TF >= Version("4.53") else set())
 
 
 # -- the real TRL code -------------------------------------------------------------------------------
@@ -420,12 +423,12 @@ def expected_status():
 
 @needs_trl
 def test_probe_reads_trl_source():
-    facts, why = ltk.read_trl(grpo_module())
+    facts, why = read_trl(grpo_module())
     assert facts is not None, why
     if T014:
-        assert facts == ltk.TrlCall(ltk.OLD, False, "_prepare_inputs", "compute_loss")
+        assert facts == TrlCall(OLD, False, "_prepare_inputs", "compute_loss")
     else:
-        assert facts == ltk.TrlCall(ltk.NEW, MID, "_get_per_token_logps", "_get_per_token_logps")
+        assert facts == TrlCall(NEW, MID, "_get_per_token_logps", "_get_per_token_logps")
 
 
 @needs_trl
@@ -442,7 +445,7 @@ def test_qwen2_under_trl(unpatched):
         assert max_err(got, ref) < 1e-4
         assert "forward" not in vars(model)
         if trl_compat.status(PID) == trl_compat.APPLIED:
-            assert ltk.decisions()["transformers.models.qwen2.modeling_qwen2.Qwen2ForCausalLM"] == ltk.MATCH
+            assert decisions()["transformers.models.qwen2.modeling_qwen2.Qwen2ForCausalLM"] == MATCH
         return
     with unpatched(PID):
         got = trl_logps(model, ids, mask, k)
@@ -464,7 +467,7 @@ def test_neither_name_under_trl(unpatched):
     model = make_neither()
     ids, mask, k = batch()
     ref = reference_logps(model, ids, seen_mask(mask), k)
-    passed = ltk.OLD if T014 else ltk.NEW
+    passed = OLD if T014 else NEW
     if MID and neither_has_var_kw():  # TRL's fallback slice handles it; nothing to do
         assert max_err(trl_logps(model, ids, mask, k), ref) < 1e-4
         assert "forward" not in vars(model)
@@ -480,7 +483,7 @@ def test_neither_name_under_trl(unpatched):
             assert max_err(trl_logps(model, ids, mask, k), ref) > 1e-2
     got = trl_logps(model, ids, mask, k)
     assert max_err(got, ref) < 1e-4
-    assert ltk.decisions()[f"{NEITHER.__module__}.{NEITHER.__qualname__}"] == ltk.SLICE
+    assert decisions()[f"{NEITHER.__module__}.{NEITHER.__qualname__}"] == SLICE
 
 
 @pytest.mark.skipif(not T019, reason="TRL 0.19.x only (fallback slice removed)")
@@ -550,7 +553,7 @@ def test_grpo_run(tmp_path, arch, lora):
         peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     model = MODELS[arch]()
     trainer = grpo_run.make_trainer(tmp_path, model=model, peft_config=peft_config, steps=2, beta=0.04)
-    checker = CallChecker(trainer, ltk.OLD if T014 else ltk.NEW)
+    checker = CallChecker(trainer, OLD if T014 else NEW)
     trainer.train()
     assert grpo_run.finite_losses(trainer.state.log_history), trainer.state.log_history
     assert checker.calls, "TRL never called the model with its logits kwarg"
@@ -560,13 +563,13 @@ def test_grpo_run(tmp_path, arch, lora):
         assert err < 1e-4, (role, err)  # the log-probs TRL trains on
         assert rows == k + 1, (role, rows, k)  # the logits it got
     inner = peel(trainer.model)
-    assert ltk._ours(vars(inner).get("forward"))
+    assert _ours(vars(inner).get("forward"))
     # the report's reason names the class TRL really called, not only the probe's reference
-    reason = {r.id: r.reason for r in trl_compat.report()}[ltk.PATCH_ID]
+    reason = {r.id: r.reason for r in trl_compat.report()}["logits-to-keep"]
     decided = reason.partition("; models decided: ")[2]  # this session's classes, in name order
-    action = ltk.decisions()[f"{type(inner).__module__}.{type(inner).__qualname__}"]
+    action = decisions()[f"{type(inner).__module__}.{type(inner).__qualname__}"]
     assert f"{type(inner).__name__}: {action}" in decided.split(", "), reason
-    assert f"as read from {ltk.REFERENCE_MODEL}" in reason or "slices the logits itself" in reason, reason
+    assert f"as read from {REFERENCE_MODEL}" in reason or "slices the logits itself" in reason, reason
 
 
 def test_the_entry_falls_back_to_trl_when_preparing_a_model_fails(facts, monkeypatch, caplog):
@@ -585,7 +588,7 @@ def test_the_entry_falls_back_to_trl_when_preparing_a_model_fails(facts, monkeyp
     facts("logits_to_keep", False)
     monkeypatch.delenv("TRL_COMPAT_STRICT", raising=False)
     monkeypatch.setattr(prepare, "prepare_model", broken)
-    entry = prepare.wrap_entry(original, ltk.SWITCH.active)
+    entry = prepare.wrap_entry(original, SWITCH.active)
     with caplog.at_level(logging.WARNING, logger="trl_compat"):
         assert entry(object(), "the model", input_ids=1) == ("trl", "the model", 1)
     assert "logits-to-keep: preparing the model failed (RuntimeError: cannot prepare); TRL runs unchanged" in caplog.text

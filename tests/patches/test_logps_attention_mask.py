@@ -21,7 +21,7 @@ from packaging.version import Version
 
 from versions import installed
 
-PID = lam.PATCH_ID
+PID = "logps-attention-mask"
 
 TRL = installed("trl")
 

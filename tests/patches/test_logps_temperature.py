@@ -22,7 +22,7 @@ from packaging.version import Version
 
 from versions import installed
 
-PID = lt.PATCH_ID
+PID = "logps-temperature"
 T = 0.5
 
 TRL = installed("trl")

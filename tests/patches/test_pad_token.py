@@ -22,7 +22,7 @@ from packaging.version import Version
 
 from versions import installed
 
-PID = pt.PATCH_ID
+PID = "pad-token"
 WORDS = (2, 3, 5, 7)
 
 TRL = installed("trl")

@@ -14,13 +14,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from trl_compat.patches import peft_gradient_checkpointing as pgc
-
 from packaging.version import Version
 
 from versions import installed
 
-PID = pgc.PATCH_ID
+PID = "peft-gradient-checkpointing"
 
 TRL = installed("trl")
 

@@ -1,7 +1,9 @@
-"""Acting around ``GRPOTrainer.__init__``: one wrapper for the patches that correct what TRL's
-``__init__`` is given or leaves behind, instead of each wrapping it its own way.
+"""Acting around ``GRPOTrainer.__init__``: the one wrapper of every patch that corrects what TRL's
+``__init__`` is given or leaves behind, instead of each wrapping it its own way (and reading its
+arguments by position).
 
-``apply=around_init(before=..., after=...)`` in a ``Patch``: ``before(trainer, arguments)`` runs
+``apply = around_init(before=..., after=...)`` in a patch module, or
+``around_init(...)(module, patcher)`` inside an ``apply`` that does more: ``before(trainer, arguments)`` runs
 before TRL's ``__init__`` (``trainer`` not initialised yet), ``after(trainer, arguments)`` after
 it; ``arguments`` are the call's arguments by name, as TRL's signature binds them (``{}`` when
 the call does not bind: TRL then reports it as it always did; with ``complete=True`` also when

@@ -1,14 +1,17 @@
 """The registry: every patch, declared as data, in the order they stack.
 
-Each entry says which bug it fixes (``summary``, ``upstream``), when it is due (``module``, the
-trigger; ``requires``, the version windows) and when to delete it; the module named by ``code``
-holds its probe and apply, with the docstring that traces the bug. ``import trl_compat`` reads
-only this table and gates it; a patch's module is imported when its trigger module is, so a
-process that never imports TRL never loads a patch. A new patch is one module (or a small
-package) here, one entry below, and its tests.
+Each entry is the whole declaration of one patch (the fields are documented on
+``trl_compat._engine.patch.Patch``): what a user sees without it (``symptom``), what the fix does
+(``summary``, ``upstream``), when it is due (``trigger``, the module whose import runs it;
+``requires``, the version windows, and ``witnesses``, the versions the window tests feed through
+the gate), what it may change (``changes``) and when to delete it (``remove_when``). The module
+named by ``impl`` holds its probe and apply, with the docstring that traces the bug.
+``import trl_compat`` reads only this table and gates it; a patch's module is imported when its
+trigger module is, so a process that never imports TRL never loads a patch. A new patch is one
+module (or a small package) here, one entry below, and its tests (named after its id).
 
-Patches that change the same attribute stack in this order (the engine keeps it whatever order
-they are installed and reverted in).
+Patches whose ``changes`` overlap stack in this order (the engine keeps it whatever order they
+are installed and reverted in).
 """
 
 from trl_compat._engine.patch import Patch
@@ -27,48 +30,85 @@ NEWEST_KNOWN_TRL = "0.19.1"
 TRANSFORMERS5 = {"trl": affected("0.14.0", "0.20.0"), "transformers": affected("5.0.0")}
 TRANSFORMERS5_REMOVE_WHEN = "trl_compat drops TRL < 0.20 on transformers 5"
 
+# The optional-package flags trl.import_utils caches as `_<name>_available = _is_package_available(...)`
+# in TRL 0.14.0 - 0.20.0 (read from every version of that file; 0.14.0 has the first seven).
+TRL_IMPORT_FLAGS = tuple(f"_{name}_available" for name in (
+    "deepspeed", "diffusers", "llm_blender", "mergekit", "rich", "unsloth", "vllm", "fastapi", "joblib",
+    "pydantic", "requests", "uvicorn", "vllm_ascend"))
+
+# The modules of TRL 0.14.0 - 0.16.0.dev0 that bind unwrap_model_for_generation by name: zero3-unwrap
+# rebinds each one it finds loaded to its wrapper.
+UNWRAP_BINDINGS = ("unwrap_model_for_generation", *(f"{module}:unwrap_model_for_generation" for module in (
+    "trl.models", "trl.trainer.callbacks", "trl.trainer.gkd_trainer", "trl.trainer.grpo_trainer",
+    "trl.trainer.nash_md_trainer", "trl.trainer.online_dpo_trainer", "trl.trainer.ppo_trainer",
+    "trl.trainer.rloo_trainer", "trl.trainer.xpo_trainer")))
+
+# The method that tokenises the prompts and calls vLLM, which the three prompt patches wrap:
+# compute_loss (0.14), _prepare_inputs (0.15), _generate_and_score_completions (0.16+).
+PROMPT_GENERATION = ("GRPOTrainer._generate_and_score_completions", "GRPOTrainer._prepare_inputs",
+                     "GRPOTrainer.compute_loss")
+
 PATCHES = [
     Patch(
         id="transformers5-import",
         summary="TRL < 0.20 on transformers 5: optional-package flags are truthy tuples, so `from trl import GRPOTrainer` fails",
+        symptom="`from trl import GRPOTrainer`: ModuleNotFoundError: No module named 'requests' (or vllm, mergekit, llm_blender, ...)",
         upstream="https://github.com/huggingface/trl/pull/5129 (TRL 0.29.0 stops using transformers' _is_package_available)",
         trigger="trl.import_utils",
         must_exist="_is_package_available",
+        changes=TRL_IMPORT_FLAGS,
         requires=TRANSFORMERS5,
+        # 0.20 is where trl_compat's support ends, not a fix: 0.20.0.dev0 builds have the bug and get the fix.
+        witnesses={"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0", "0.29.0"]},
+                   "transformers": {"inside": ["5.0.0"], "outside": ["4.57.0"]}},
         impl="trl_compat.patches.transformers5_import",
         remove_when=TRANSFORMERS5_REMOVE_WHEN,
     ),
     Patch(
         id="transformers5-use-cache",
         summary="TRL < 0.20 on transformers 5: GRPOTrainer(model=<path>) passes use_cache=None, which configs reject",
+        symptom=("StrictDataclassFieldValidationError: Validation error for field 'use_cache': "
+                 "TypeError: Field 'use_cache' expected bool, got NoneType (value: None)"),
         upstream="none for TRL 0.14-0.19; TRL 0.20's model loading rewrite (PR #3072) no longer passes use_cache=None",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",  # the fix replaces the module's AutoModelForCausalLM; TRL's class must be there
+        changes=("AutoModelForCausalLM",),
         requires=TRANSFORMERS5,
+        # 0.20.0.dev0 builds carry 0.19's __init__ up to PR #3072 (56f4201db).
+        witnesses={"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0"]},
+                   "transformers": {"inside": ["5.0.0"], "outside": ["4.57.0"]}},
         impl="trl_compat.patches.transformers5_use_cache",
         remove_when=TRANSFORMERS5_REMOVE_WHEN,
     ),
     Patch(
         id="transformers5-warnings-issued",
         summary="TRL < 0.20 on transformers 5: GRPOTrainer.__init__ sets model.warnings_issued, which is gone",
+        symptom="AttributeError: 'Qwen2ForCausalLM' object has no attribute 'warnings_issued'",
         upstream="https://github.com/huggingface/trl/pull/4960 (removed the line in 0.28.0)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",  # the fix is on transformers' PreTrainedModel; TRL's class must be there
+        changes=("transformers.modeling_utils:PreTrainedModel.warnings_issued",),
         requires=TRANSFORMERS5,
+        # 0.20 is where trl_compat's support ends; the line itself stays up to 0.28.0.
+        witnesses={"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0", "0.28.0"]},
+                   "transformers": {"inside": ["5.0.0"], "outside": ["4.57.0"]}},
         impl="trl_compat.patches.transformers5_warnings_issued",
         remove_when=TRANSFORMERS5_REMOVE_WHEN,
     ),
     Patch(
         id="peft-optional",
         summary="GRPO without peft installed: 'is this a PeftModel?' is no, and peft_config raises a clear ImportError early",
+        symptom="NameError: name 'PeftModel' is not defined (or 'get_peft_model', with peft_config)",
         upstream=(
             "https://github.com/huggingface/trl/issues/2849 (PeftModel NameError from PR #2725, fixed by PR #2850/#2818 "
             "before 0.15.0); get_peft_model NameError fixed by PR #2848 in 0.16.0"
         ),
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",  # the class: __init__ can never be missing (it is inherited)
+        changes=("PeftModel", "PeftConfig", "get_peft_model", "GRPOTrainer.__init__"),
         # main reported 0.16.0.dev0 for five days before PR #2848 added the guard: the probe decides.
         requires={"trl": affected("0.14.0", "0.16.0")},
+        witnesses={"trl": {"inside": ["0.14.0", "0.15.0.dev0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}},
         impl="trl_compat.patches.peft_optional",
         remove_when="trl_compat drops support for TRL < 0.16.0 (and 0.16.0.dev0 installs older than PR #2848)",
     ),
@@ -78,42 +118,54 @@ PATCHES = [
             "under ZeRO-3, unwrapping the bare module uses its DeepSpeed engine: no AttributeError, hooks really "
             "removed during generation and restored (also on error)"
         ),
+        symptom=("AttributeError: 'Qwen2ForCausalLM' object has no attribute 'optimizer' "
+                 "(0.14.0; 0.15.x silently keeps the ZeRO-3 hooks)"),
         upstream=(
             "https://github.com/huggingface/trl/issues/2782 (crash; guard in PR #2776, 0.15.0); "
             "hooks left in place fixed by PR #2871 in 0.16.0"
         ),
         trigger="trl.models.utils",
         must_exist="unwrap_model_for_generation",
+        changes=UNWRAP_BINDINGS,
         requires={"trl": affected("0.14.0", "0.16.0"), "deepspeed": ">=0"},
+        witnesses={"trl": {"inside": ["0.14.0", "0.15.0.dev0", "0.15.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}},
         impl="trl_compat.patches.zero3_unwrap",
         remove_when="trl_compat drops support for TRL < 0.16.0 (and 0.16.0.dev0 installs older than PR #2871)",
     ),
     Patch(
         id="zero3-hooks-api",
         summary="unwrapping a ZeRO-3 engine re-registers its hooks with the method the installed DeepSpeed has",
+        symptom="AttributeError: 'DeepSpeedZeRoOffload' object has no attribute '_register_hooks_recursively'",
         upstream=(
             "https://github.com/deepspeedai/DeepSpeed/pull/6847 renamed _register_hooks_recursively "
             "(DeepSpeed 0.16.4); TRL handles both names from 0.16.0"
         ),
         trigger="trl.models.utils",
         must_exist="add_hooks",
+        changes=("add_hooks",),
         # deepspeed: any installed one; the probe reads which method name it has.
         requires={"trl": affected("0.14.0", "0.16.0"), "deepspeed": ">=0"},
+        witnesses={"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]},
+                   "deepspeed": {"inside": ["0.16.4"], "outside": []}},
         impl="trl_compat.patches.zero3_hooks_api",
         remove_when="trl_compat drops support for TRL < 0.16.0",
     ),
     Patch(
         id="logits-to-keep",
         summary="pass TRL's logits_to_keep/num_logits_to_keep under the name the model takes, else keep the last K logits",
+        symptom=("TypeError: forward() got an unexpected keyword argument 'logits_to_keep' "
+                 "(or RuntimeError: The size of tensor a (5) must match the size of tensor b (11))"),
         upstream=(
             "https://github.com/huggingface/trl/issues/2770 (name mismatch; PR #2773 added a fallback slice in 0.15.0, "
             "PR #3553 removed it in 0.19.0); transformers PR #37149 removed num_logits_to_keep in 4.52"
         ),
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",
+        changes=("GRPOTrainer._get_per_token_logps", "GRPOTrainer._prepare_inputs"),
         # 0.20 renamed the entry point (_get_per_token_logps_and_entropies) and requires transformers>=4.53.2;
         # its 0.20.0.dev0 builds before PR #3563 carry 0.19's code: the probe tells them apart.
         requires={"trl": affected("0.14.0", "0.20.0")},
+        witnesses={"trl": {"inside": ["0.14.0", "0.15.0", "0.18.2", "0.19.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0"]}},
         impl="trl_compat.patches.logits_to_keep",
         remove_when=(
             "trl_compat drops TRL < 0.20, or requires transformers >= 4.49 for TRL 0.15-0.18 and no longer supports "
@@ -124,13 +176,17 @@ PATCHES = [
         id="train-sampler-signature",
         summary="GRPOTrainer._get_train_sampler accepts the dataset transformers >= 4.52 passes (train() no longer "
                 "dies with TypeError); the grouped RepeatRandomSampler is unchanged",
+        symptom="TypeError: GRPOTrainer._get_train_sampler() takes 1 positional argument but 2 were given",
         upstream=(
             "transformers PR #38090 (4.52: sampler_fn(dataset)) and #38226; "
             "fixed in TRL by PR #3283 (0.17.0, own get_train_dataloader) and PR #3488 (0.18.0, dataset argument)"
         ),
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",  # the override it wraps is inherited from Trainer once removed: the class is what must exist
+        changes=("GRPOTrainer._get_train_sampler", "GRPOTrainer._get_eval_sampler"),
         requires={"trl": affected("0.15.0", "0.17.0"), "transformers": affected("4.52.0")},
+        witnesses={"trl": {"inside": ["0.15.0", "0.16.1", "0.17.0.dev0"], "outside": ["0.14.0", "0.17.0", "0.18.0"]},
+                   "transformers": {"inside": ["4.52.0"], "outside": ["4.51.3"]}},
         impl="trl_compat.patches.train_sampler_signature",
         remove_when="trl_compat no longer supports TRL < 0.17.0 (and 0.17.0.dev0 installs older than PR #3283)",
     ),
@@ -138,11 +194,15 @@ PATCHES = [
         id="dataloader-workers",
         summary="dataloader_num_workers >= 1: seed_worker gets num_workers and rank (TRL 0.17-0.18.1 x "
                 "transformers >= 4.52) and the collator pickles for spawn workers",
+        symptom=("TypeError: seed_worker() missing 2 required positional arguments: 'num_workers' and 'rank' "
+                 "(spawn workers: Can't pickle local object 'GRPOTrainer.__init__.<locals>.data_collator')"),
         upstream="https://github.com/huggingface/trl/pull/3568 (issues #3544, #2979, #3567; fixed in 0.18.2)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",
+        changes=("GRPOTrainer.get_train_dataloader", "GRPOTrainer.__init__"),
         # Up to 0.19.0: 0.18.2 holds the fix (the probe finds it), 0.19.0.dev0 builds may not.
         requires={"trl": affected("0.14.0", "0.19.0")},
+        witnesses={"trl": {"inside": ["0.14.0", "0.17.0", "0.18.1", "0.18.2", "0.19.0.dev0"], "outside": ["0.19.0"]}},
         impl="trl_compat.patches.dataloader_workers",
         remove_when="trl_compat no longer supports TRL < 0.18.2",
     ),
@@ -150,10 +210,13 @@ PATCHES = [
         id="grpo-eval-0.14",
         summary="GRPO evaluation on TRL 0.14.0: prediction_step computes the GRPO loss (no AttributeError); "
                 "eval_loss, eval_reward, ... logged apart from the training metrics",
+        symptom="AttributeError: 'list' object has no attribute 'get'",
         upstream="https://github.com/huggingface/trl/pull/2694 (fixed in 0.15.0; metrics split by mode in 0.16.0)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",  # log and prediction_step fall back to Trainer's: the class is what must exist
+        changes=("GRPOTrainer.prediction_step", "GRPOTrainer.log"),
         requires={"trl": affected("0.14.0", "0.15.0")},
+        witnesses={"trl": {"inside": ["0.14.0", "0.15.0.dev0"], "outside": ["0.15.0", "0.16.0"]}},
         impl="trl_compat.patches.grpo_eval_014",
         remove_when="trl_compat no longer supports TRL 0.14.x (and 0.15.0.dev0 installs older than PR #2694)",
     ),
@@ -161,10 +224,13 @@ PATCHES = [
         id="vllm-lora-names",
         summary="LoRA + use_vllm: PEFT names and unmerged weights went to vLLM ('no module or parameter "
                 "named base_model'); send base names and merged weights instead",
+        symptom="ValueError: There is no module or parameter named 'base_model' in Qwen2ForCausalLM",
         upstream="https://github.com/huggingface/trl/issues/2698 (fixed by PR #2725 in 0.15.0; merged values in 0.15.1)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",
+        changes=("GRPOTrainer._move_model_to_vllm", "GRPOTrainer.compute_loss", "GRPOTrainer._prepare_inputs"),
         requires={"trl": affected("0.14.0", "0.15.0"), "vllm": ">=0"},
+        witnesses={"trl": {"inside": ["0.14.0", "0.15.0.dev0"], "outside": ["0.15.0", "0.15.1"]}},
         impl="trl_compat.patches.vllm_lora_names",
         remove_when="TRL < 0.15.0 is no longer supported",
     ),
@@ -172,10 +238,14 @@ PATCHES = [
         id="vllm-merged-weights",
         summary="LoRA + use_vllm: vLLM got the base weights (unmerge ran before load_weights); "
                 "send merged weights computed out of place instead",
+        symptom="silent: vLLM generates from the base model, not the LoRA-merged one; the reward curve stays flat",
         upstream="https://github.com/huggingface/trl/issues/2856 (fixed by PR #2873 in 0.15.1)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer._move_model_to_vllm",
+        changes=("GRPOTrainer._move_model_to_vllm",),
         requires={"trl": affected("0.15.0", "0.16.0"), "vllm": ">=0"},
+        # The fix was released in 0.15.1 (where the probe finds it) and landed on main as 0.16.0.dev0.
+        witnesses={"trl": {"inside": ["0.15.0", "0.15.0.dev0", "0.15.1", "0.15.2", "0.16.0.dev0"], "outside": ["0.14.0", "0.16.0"]}},
         impl="trl_compat.patches.vllm_merged_weights",
         remove_when="TRL < 0.15.1 is no longer supported",
     ),
@@ -183,10 +253,13 @@ PATCHES = [
     Patch(
         id="vllm-prefix-cache",
         summary="use_vllm: vLLM's prefix cache kept KV from older weights after each sync; reset it",
+        symptom="silent: completions sampled with KV cached under older weights (off-policy), no error",
         upstream="https://github.com/huggingface/trl/issues/3024 (fixed in 0.16.0)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer._move_model_to_vllm",
+        changes=("GRPOTrainer._move_model_to_vllm",),
         requires={"trl": affected("0.15.0", "0.16.0"), "vllm": ">=0"},
+        witnesses={"trl": {"inside": ["0.15.0", "0.15.1", "0.15.2", "0.16.0.dev0"], "outside": ["0.14.0", "0.16.0"]}},
         impl="trl_compat.patches.vllm_prefix_cache",
         remove_when="TRL 0.15.x is no longer supported",
     ),
@@ -196,20 +269,26 @@ PATCHES = [
     Patch(
         id="logps-attention-mask",
         summary="pass the attention mask to TRL 0.14.0's policy and reference log-prob forwards",
+        symptom="silent: left-padding attended to in the policy and reference log-probs and the KL",
         upstream="https://github.com/huggingface/trl/pull/2708 (fixed in 0.15.0)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",  # compute_loss is inherited from Trainer once removed: the class is what must exist
+        changes=("GRPOTrainer.compute_loss",),
         requires={"trl": affected("0.14.0", "0.15.0")},
+        witnesses={"trl": {"inside": ["0.14.0", "0.15.0.dev0"], "outside": ["0.15.0"]}},
         impl="trl_compat.patches.logps_attention_mask",
         remove_when="TRL 0.14.0 is no longer supported",
     ),
     Patch(
         id="logps-temperature",
         summary="opt-in (TRL_COMPAT_LOGPS_TEMPERATURE=1): compute GRPO log-probs at the sampling temperature, as TRL 0.16 does",
+        symptom="silent: log-probs computed at temperature 1 for completions sampled at GRPOConfig.temperature",
         upstream="https://github.com/huggingface/trl/pull/3029 (fixed in 0.16.0)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",
+        changes=("GRPOTrainer._get_per_token_logps", "GRPOTrainer._get_per_token_logps_and_entropies", "GRPOTrainer.compute_loss"),
         requires={"trl": affected("0.14.0", "0.16.0")},
+        witnesses={"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}},
         impl="trl_compat.patches.logps_temperature",
         opt_in="TRL_COMPAT_LOGPS_TEMPERATURE",
         remove_when="TRL 0.15.x is no longer supported",
@@ -219,20 +298,26 @@ PATCHES = [
     Patch(
         id="pad-token",
         summary="tokenizer without a pad token: use its EOS token as pad token, as TRL 0.17 does",
+        symptom="ValueError: Asking to pad but the tokenizer does not have a padding token",
         upstream="https://github.com/huggingface/trl/issues/3287 (fixed by PR #3290 in 0.17.0)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",
+        changes=("GRPOTrainer.__init__",),
         requires={"trl": affected("0.14.0", "0.17.0")},
+        witnesses={"trl": {"inside": ["0.14.0", "0.16.1", "0.17.0.dev0"], "outside": ["0.17.0"]}},
         impl="trl_compat.patches.pad_token",
         remove_when="TRL 0.16.x is no longer supported",
     ),
     Patch(
         id="peft-gradient-checkpointing",
         summary="LoRA + reentrant gradient checkpointing: make the embedding output require grad, as TRL 0.16 does",
+        symptom="RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn",
         upstream="https://github.com/huggingface/trl/issues/2671 (fixed by PR #2848 in 0.16.0)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",
+        changes=("GRPOTrainer.__init__",),
         requires={"trl": affected("0.14.0", "0.16.0"), "peft": ">=0.0.dev0"},
+        witnesses={"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}},
         impl="trl_compat.patches.peft_gradient_checkpointing",
         remove_when="TRL 0.15.x is no longer supported",
     ),
@@ -240,10 +325,13 @@ PATCHES = [
         id="resume-buffered-inputs",
         summary="resume_from_checkpoint with num_iterations > 1: the first resumed steps got None inputs "
                 "(TypeError); generate when the buffer is empty, as TRL 0.17.0 does",
+        symptom="TypeError: 'NoneType' object is not subscriptable",
         upstream="https://github.com/huggingface/trl/pull/3148 (fixed in 0.17.0)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",  # _prepare_inputs is inherited from transformers' Trainer where TRL has none
+        changes=("GRPOTrainer._prepare_inputs",),
         requires={"trl": affected("0.16.0", "0.17.0")},
+        witnesses={"trl": {"inside": ["0.16.0", "0.16.1", "0.17.0.dev0"], "outside": ["0.15.2", "0.17.0"]}},
         impl="trl_compat.patches.resume_buffered_inputs",
         remove_when="trl_compat no longer supports TRL 0.16.x",
     ),
@@ -251,10 +339,13 @@ PATCHES = [
         id="reward-model-zero3",
         summary="DeepSpeed ZeRO-3: a model given as reward function was left partitioned and its first forward "
                 "failed (Padding_idx must be within num_embeddings); prepare it with prepare_deepspeed",
+        symptom="AssertionError: Padding_idx must be within num_embeddings",
         upstream="https://github.com/huggingface/trl/issues/3202 (fixed by PR #3326 in 0.17.0)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",
+        changes=("GRPOTrainer.__init__",),
         requires={"trl": affected("0.14.0", "0.17.0"), "deepspeed": ">=0"},
+        witnesses={"trl": {"inside": ["0.14.0", "0.16.1", "0.17.0.dev0"], "outside": ["0.17.0"]}},
         impl="trl_compat.patches.reward_model_zero3",
         remove_when="trl_compat no longer supports TRL < 0.17.0",
     ),
@@ -263,50 +354,67 @@ PATCHES = [
     Patch(
         id="vllm-prompt-truncation",
         summary="use_vllm: vLLM generated from the untruncated prompt, the loss saw its last max_prompt_length ids",
+        symptom=("silent: vLLM samples from the untruncated prompt (too long for vLLM: ValueError: The decoder "
+                 "prompt (length ...) is longer than the maximum model length of ...)"),
         upstream="https://github.com/huggingface/trl/issues/3569 (fixed in 0.19.0 by PR #3601)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",
+        changes=PROMPT_GENERATION,
         requires={"trl": affected("0.14.0", "0.19.0"), "vllm": ">=0"},
+        witnesses={"trl": {"inside": ["0.14.0", "0.18.2", "0.19.0.dev0"], "outside": ["0.19.0"]}},
         impl="trl_compat.patches.vllm_prompt_truncation",
         remove_when="TRL < 0.19 is no longer supported",
     ),
     Patch(
         id="vllm-prompt-special-tokens",
         summary="use_vllm: TRL 0.19.0 stripped chat-template tokens and BOS from every vLLM prompt",
+        symptom="silent: every vLLM prompt loses its chat-template tokens and BOS; mangled completions",
         upstream="https://github.com/huggingface/trl/issues/3644 (fixed in 0.19.1 by PRs #3651, #3698)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",
+        changes=PROMPT_GENERATION,
         requires={"trl": affected("0.19.0", "0.20.0"), "vllm": ">=0"},
+        witnesses={"trl": {"inside": ["0.19.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.18.2", "0.20.0"]}},
         impl="trl_compat.patches.vllm_prompt_special_tokens",
         remove_when="TRL 0.19.0 is no longer supported",
     ),
     Patch(
         id="vllm-double-bos",
         summary="use_vllm: vLLM added a second BOS (the tokenizer's) to chat-templated prompts training tokenised with one",
+        symptom="silent: vLLM generates after two BOS tokens where training has one; lower reward with vLLM",
         upstream="https://github.com/huggingface/trl/issues/3853 (fixed in 0.24.0 by PR #4152)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",
+        changes=PROMPT_GENERATION,
         requires={"trl": affected("0.14.0", "0.20.0"), "vllm": ">=0"},
+        witnesses={"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0"]}},
         impl="trl_compat.patches.vllm_double_bos",
         remove_when="TRL < 0.24 is no longer supported",
     ),
     Patch(
         id="vllm-v1-engine",
         summary="use_vllm on vLLM >= 0.8: V1 engine has no llm_engine.model_executor; default VLLM_USE_V1=0",
+        symptom="AttributeError: 'LLMEngine' object has no attribute 'model_executor'",
         upstream="https://github.com/huggingface/trl/issues/3115 (never fixed in-process; server mode in 0.16.0)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",
+        changes=("GRPOTrainer.__init__",),
         requires={"trl": affected("0.14.0", "0.16.0"), "vllm": affected("0.8.0")},
+        witnesses={"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]},
+                   "vllm": {"inside": ["0.8.0", "0.8.5.post2", "0.10.2"], "outside": ["0.7.2"]}},
         impl="trl_compat.patches.vllm_v1_engine",
         remove_when="TRL 0.14.x and 0.15.x are no longer supported",
     ),
     Patch(
         id="fsdp2-vllm-sync",
         summary="use_vllm + FSDP2: no weight reached vLLM (FSDP1-only sync); send the full FSDP2 weights",
+        symptom="silent: under FSDP2 vLLM generates from the initial weights for the whole run",
         upstream="https://github.com/huggingface/trl/pull/3687 (fixed in 0.20.0; reported in PR #3670)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",
+        changes=("GRPOTrainer._sync_fsdp_params_to_vllm",),
         requires={"trl": affected("0.18.0", "0.20.0"), "vllm": ">=0"},
+        witnesses={"trl": {"inside": ["0.18.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.17.0", "0.20.0"]}},
         impl="trl_compat.patches.fsdp2_vllm_sync",
         remove_when="TRL 0.18.x and 0.19.x are no longer supported",
     ),

@@ -40,6 +40,7 @@ import threading
 
 from trl_compat._engine import needed, not_needed, undecided
 from trl_compat._helpers.source import code, defining_class
+from trl_compat._helpers.trainer_init import around_init
 
 PATCH_ID = "dataloader-workers"
 
@@ -119,15 +120,10 @@ def _get_train_dataloader_factory(module):
     return factory
 
 
-def _init_factory(original):
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        collator = getattr(self, "data_collator", None)
-        if getattr(collator, "__qualname__", "").endswith(LOCAL_COLLATOR_QUALNAME):
-            self.data_collator = identity
-
-    return __init__
+def _replace_local_collator(trainer, arguments) -> None:
+    collator = getattr(trainer, "data_collator", None)
+    if getattr(collator, "__qualname__", "").endswith(LOCAL_COLLATOR_QUALNAME):
+        trainer.data_collator = identity
 
 
 def apply(module, patcher):
@@ -137,10 +133,6 @@ def apply(module, patcher):
     if seed_worker:
         patcher.wrap(cls, "get_train_dataloader", _get_train_dataloader_factory(module))
     if collator:
-        patcher.wrap(cls, "__init__", _init_factory)
+        around_init(after=_replace_local_collator)(module, patcher)
     if not (seed_worker or collator):  # the probe said otherwise a moment ago
         raise RuntimeError("neither part of the bug found")
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.14.0", "0.17.0", "0.18.1", "0.18.2", "0.19.0.dev0"], "outside": ["0.19.0"]}}

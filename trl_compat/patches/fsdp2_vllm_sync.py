@@ -151,7 +151,3 @@ def _make_sync(original):
 
 def apply(module, patcher):
     patcher.wrap(module.GRPOTrainer, METHOD, _make_sync)
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.18.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.17.0", "0.20.0"]}}

@@ -53,7 +53,7 @@ from collections import defaultdict
 from trl_compat._engine import needed, not_needed, undecided
 from trl_compat._helpers.source import code, defining_class, syntax
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 PATCH_ID = "grpo-eval-0.14"
 EVAL_STORE = "_trl_compat_eval_metrics"  # on the trainer instance
@@ -130,15 +130,15 @@ def _is_eval(logs) -> bool:
 
 
 def _wrap_log(original):
-    @functools.wraps(original)
-    def log(self, logs, *args, **kwargs):
+    @functools.wraps(original)  # not named `log`: that is the module's logger
+    def log_with_eval_metrics(self, logs, *args, **kwargs):
         if not _is_eval(logs):
             return original(self, logs, *args, **kwargs)
         store = self.__dict__.get(EVAL_STORE)
         try:
             metrics = {f"eval_{k}": sum(v) / len(v) for k, v in (store or {}).items() if v}
         except Exception:  # odd values: log what Trainer gave, as TRL would
-            logger.debug("trl_compat: %s: could not average the evaluation metrics", PATCH_ID, exc_info=True)
+            log.debug("trl_compat: %s: could not average the evaluation metrics", PATCH_ID, exc_info=True)
             metrics = {}
         if store is not None:
             store.clear()
@@ -152,14 +152,10 @@ def _wrap_log(original):
         finally:
             self._metrics = training_metrics
 
-    return log
+    return log_with_eval_metrics
 
 
 def apply(module, patcher) -> None:
     cls = module.GRPOTrainer
     patcher.replace(cls, "prediction_step", prediction_step)
     patcher.wrap(cls, "log", _wrap_log)
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0.dev0"], "outside": ["0.15.0", "0.16.0"]}}

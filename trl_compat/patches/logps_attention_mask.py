@@ -112,7 +112,3 @@ def apply(module, patcher) -> None:
         return compute_loss
 
     patcher.wrap(module.GRPOTrainer, "compute_loss", factory)
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0.dev0"], "outside": ["0.15.0"]}}

@@ -94,7 +94,3 @@ def apply(module, patcher) -> None:
     else:  # nested in compute_loss, which also calls self.ref_model
         models_of = lambda self, model: [model, getattr(self, "ref_model", None)]  # noqa: E731
     patcher.wrap(module.GRPOTrainer, caller.name, lambda original: _wrapper(original, caller.raw, models_of))
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}}

@@ -78,8 +78,4 @@ def _after(trainer, arguments) -> None:
             generation_config.pad_token_id = _tokenizer(trainer.processing_class).pad_token_id
 
 
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.14.0", "0.16.1", "0.17.0.dev0"], "outside": ["0.17.0"]}}
-
-
 apply = around_init(before=_before, after=_after)

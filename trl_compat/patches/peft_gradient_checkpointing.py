@@ -65,8 +65,4 @@ def _after(trainer, arguments) -> None:
         log.debug("trl_compat: %s: enable_input_require_grads() on the PEFT model", PATCH_ID)
 
 
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}}
-
-
 apply = around_init(after=_after)

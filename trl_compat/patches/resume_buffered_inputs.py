@@ -72,7 +72,3 @@ def _prepare_inputs_factory(original):
 
 def apply(module, patcher):
     patcher.wrap(module.GRPOTrainer, "_prepare_inputs", _prepare_inputs_factory)
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.16.0", "0.16.1", "0.17.0.dev0"], "outside": ["0.15.2", "0.17.0"]}}

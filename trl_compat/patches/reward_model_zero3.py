@@ -30,11 +30,10 @@ from ``config``); its engine is kept in ``trainer._trl_compat_reward_engines``.
 
 from __future__ import annotations
 
-import functools
-
 from trl_compat._engine import needed, not_needed, undecided
 from trl_compat._helpers import zero3
 from trl_compat._helpers.source import code
+from trl_compat._helpers.trainer_init import around_init
 
 PATCH_ID = "reward-model-zero3"
 
@@ -54,29 +53,17 @@ def probe(module):
     return undecided("GRPOTrainer.__init__ prepares reward models in a form trl_compat does not know")
 
 
-def _init_factory(module):
-    from transformers import PreTrainedModel
+def _prepare_reward_models(module, trainer) -> None:
+    from transformers import PreTrainedModel  # already imported by TRL
 
-    def factory(original):
-        @functools.wraps(original)
-        def __init__(self, *args, **kwargs):
-            original(self, *args, **kwargs)
-            if zero3.config_stage(self) != 3:
-                return
-            engines = []
-            for reward_func in getattr(self, "reward_funcs", None) or ():
-                if isinstance(reward_func, PreTrainedModel):
-                    engines.append(module.prepare_deepspeed(reward_func, self.accelerator))
-            self._trl_compat_reward_engines = engines
-
-        return __init__
-
-    return factory
+    if zero3.config_stage(trainer) != 3:
+        return
+    engines = []
+    for reward_func in getattr(trainer, "reward_funcs", None) or ():
+        if isinstance(reward_func, PreTrainedModel):
+            engines.append(module.prepare_deepspeed(reward_func, trainer.accelerator))
+    trainer._trl_compat_reward_engines = engines
 
 
 def apply(module, patcher):
-    patcher.wrap(module.GRPOTrainer, "__init__", _init_factory(module))
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.14.0", "0.16.1", "0.17.0.dev0"], "outside": ["0.17.0"]}}
+    around_init(after=lambda trainer, arguments: _prepare_reward_models(module, trainer))(module, patcher)

@@ -67,9 +67,3 @@ def probe(module):
 def apply(module, patcher):
     for name, value in tuple_flags(module).items():
         patcher.replace(module, name, bool(value[0]))
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-# 0.20 is where trl_compat's support ends, not a fix: 0.20.0.dev0 builds have the bug and get the fix.
-VERSIONS = {"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0", "0.29.0"]},
-            "transformers": {"inside": ["5.0.0"], "outside": ["4.57.0"]}}

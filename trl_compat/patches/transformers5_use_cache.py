@@ -90,9 +90,3 @@ def probe(module):
 
 def apply(module, patcher):
     patcher.replace(module, "AutoModelForCausalLM", DropNoneUseCache(module.AutoModelForCausalLM))
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-# 0.20.0.dev0 builds carry 0.19's __init__ up to PR #3072 (56f4201db).
-VERSIONS = {"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0"]},
-            "transformers": {"inside": ["5.0.0"], "outside": ["4.57.0"]}}

@@ -66,9 +66,3 @@ def apply(module, patcher):
     import transformers.modeling_utils as modeling_utils
 
     patcher.replace(modeling_utils.PreTrainedModel, "warnings_issued", WarningsIssued())
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-# 0.20 is where trl_compat's support ends; the line itself stays up to 0.28.0.
-VERSIONS = {"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0", "0.28.0"]},
-            "transformers": {"inside": ["5.0.0"], "outside": ["4.57.0"]}}

@@ -41,14 +41,4 @@ def _judge(name, source):
                   "training ids, which changes what is generated for them (prompts both tokenise alike are untouched)")
 
 
-def probe(module):
-    return vllm_prompts.probe_generation(module, _judge)
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0"]}}
-
-
-
-def apply(module, patcher):
-    vllm_prompts.wrap_generation(module, patcher, vllm_prompts.DOUBLE_BOS)
+probe, apply = vllm_prompts.prompt_patch(vllm_prompts.DOUBLE_BOS, _judge)

@@ -71,7 +71,3 @@ def apply(module, patcher):
     kind, name = sync_site(module.GRPOTrainer)
     factory = vllm_sync.make_move_model_to_vllm if kind == "method" else vllm_sync.make_presync
     patcher.wrap(module.GRPOTrainer, name, factory)
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0.dev0"], "outside": ["0.15.0", "0.15.1"]}}

@@ -53,9 +53,3 @@ def apply(module, patcher):
     from trl_compat._helpers import vllm_sync
 
     patcher.wrap(module.GRPOTrainer, "_move_model_to_vllm", vllm_sync.make_move_model_to_vllm)
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-# The fix was released in 0.15.1 (where the probe finds it) and landed on main as 0.16.0.dev0.
-VERSIONS = {"trl": {"inside": ["0.15.0", "0.15.0.dev0", "0.15.1", "0.15.2", "0.16.0.dev0"],
-                    "outside": ["0.14.0", "0.16.0"]}}

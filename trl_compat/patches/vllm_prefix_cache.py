@@ -82,7 +82,3 @@ def _wrap_move(move):
 
 def apply(module, patcher):
     patcher.wrap(module.GRPOTrainer, "_move_model_to_vllm", _wrap_move)
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.15.0", "0.15.1", "0.15.2", "0.16.0.dev0"], "outside": ["0.14.0", "0.16.0"]}}

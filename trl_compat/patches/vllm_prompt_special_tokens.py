@@ -40,14 +40,4 @@ def _judge(name, source):
     return not_needed(f"GRPOTrainer.{name} does not re-decode the truncated prompt for vLLM")
 
 
-def probe(module):
-    return vllm_prompts.probe_generation(module, _judge)
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.19.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.18.2", "0.20.0"]}}
-
-
-
-def apply(module, patcher):
-    vllm_prompts.wrap_generation(module, patcher, vllm_prompts.SPECIAL_TOKENS)
+probe, apply = vllm_prompts.prompt_patch(vllm_prompts.SPECIAL_TOKENS, _judge)

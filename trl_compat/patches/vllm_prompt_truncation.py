@@ -45,14 +45,4 @@ def _judge(name, source):
                   "changes what is generated for prompts longer than max_prompt_length")
 
 
-def probe(module):
-    return vllm_prompts.probe_generation(module, _judge)
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.14.0", "0.18.2", "0.19.0.dev0"], "outside": ["0.19.0"]}}
-
-
-
-def apply(module, patcher):
-    vllm_prompts.wrap_generation(module, patcher, vllm_prompts.TRUNCATION)
+probe, apply = vllm_prompts.prompt_patch(vllm_prompts.TRUNCATION, _judge)

@@ -35,7 +35,6 @@ if it still holds the "0" this patch set.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import logging
 import os
@@ -43,6 +42,7 @@ import sys
 
 from trl_compat._engine import needed, not_needed, undecided
 from trl_compat._helpers.source import code
+from trl_compat._helpers.trainer_init import around_init
 
 log = logging.getLogger(__name__)
 
@@ -99,28 +99,18 @@ def probe(module):
     )
 
 
-def _uses_vllm(args, kwargs) -> bool:
-    config = kwargs.get("args", args[2] if len(args) > 2 else None)  # GRPOTrainer(model, reward_funcs, args, ...)
-    return bool(getattr(config, "use_vllm", False))
-
-
 def apply(module, patcher):
     mine = []  # whether the "0" in os.environ is this patch's
 
-    def factory(original):
-        @functools.wraps(original)
-        def __init__(self, *args, **kwargs):
-            if VAR not in os.environ and _uses_vllm(args, kwargs):
-                os.environ[VAR] = "0"
-                mine.append(True)
-                log.info("trl_compat: vllm-v1-engine: set %s=0 before GRPOTrainer builds its vLLM engine (TRL's "
-                         "in-process weight sync reads the V0 engine's model_executor); set %s to override",
-                         VAR, VAR)
-            return original(self, *args, **kwargs)
+    def default_to_v0(trainer, arguments) -> None:
+        if VAR not in os.environ and getattr(arguments.get("args"), "use_vllm", False):
+            os.environ[VAR] = "0"
+            mine.append(True)
+            log.info("trl_compat: vllm-v1-engine: set %s=0 before GRPOTrainer builds its vLLM engine (TRL's "
+                     "in-process weight sync reads the V0 engine's model_executor); set %s to override",
+                     VAR, VAR)
 
-        return __init__
-
-    patcher.wrap(module.GRPOTrainer, "__init__", factory)
+    around_init(before=default_to_v0)(module, patcher)
 
     def undo():
         if mine and os.environ.get(VAR) == "0":
@@ -128,8 +118,3 @@ def apply(module, patcher):
         mine.clear()
 
     patcher.on_undo(undo)
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]},
-            "vllm": {"inside": ["0.8.0", "0.8.5.post2", "0.10.2"], "outside": ["0.7.2"]}}

@@ -82,8 +82,3 @@ def _wrap_add_hooks(original):
 
 def apply(module, patcher) -> None:
     patcher.wrap(module, "add_hooks", _wrap_add_hooks)
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]},
-            "deepspeed": {"inside": ["0.16.4"], "outside": []}}

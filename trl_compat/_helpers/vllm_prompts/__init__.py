@@ -32,14 +32,16 @@ on its own:
 A prompt that needs no correction is passed on untouched, so a run that has none of these bugs
 generates what it generated without trl_compat.
 
-Here: finding the generation method, wrapping it, and what the three patch modules share
-(:func:`probe_generation`, :func:`wrap_generation`); the corrections themselves are in ``handoff``.
+Here: finding the generation method, wrapping it, and the probe and apply the three patch modules
+share (:func:`prompt_patch`: each module only judges the method's code); the corrections
+themselves are in ``handoff``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from typing import Any, Callable, Optional
 
 from trl_compat._engine import Verdict, undecided
@@ -79,14 +81,18 @@ def wrap_generation(module, patcher, fix: str) -> None:
     while it runs, vLLM's prompts are corrected for ``fix``."""
     cls = module.GRPOTrainer
     name = generation_method(cls)
-    # the batch of prompt dicts: ``inputs`` of compute_loss(self, model, inputs, ...) and of
-    # _prepare_inputs / _generate_and_score_completions(self, inputs)
-    position = 1 if name == "compute_loss" else 0
 
     def factory(original):
+        signature = inspect.signature(original)
+
         @functools.wraps(original)
         def wrapper(self, *args, **kwargs):
-            inputs = args[position] if len(args) > position else kwargs.get("inputs")
+            # the batch of prompt dicts: ``inputs`` of compute_loss(self, model, inputs, ...) and of
+            # _prepare_inputs / _generate_and_score_completions(self, inputs)
+            try:
+                inputs = signature.bind_partial(self, *args, **kwargs).arguments.get("inputs")
+            except TypeError:  # TRL reports the call as it always did
+                inputs = None
             with _correcting(self, fix, inputs):
                 return original(self, *args, **kwargs)
 
@@ -103,6 +109,19 @@ def probe_generation(module, judge: Callable[[str, Any], Verdict]) -> Verdict:
     if name is None:
         return undecided("no GRPOTrainer method calls self.llm.generate / self.vllm_client.generate")
     return judge(name, code(getattr(cls, name)))
+
+
+def prompt_patch(fix: str, judge: Callable[[str, Any], Verdict]):
+    """``(probe, apply)`` of the prompt patch ``fix`` (one of the three ids): the probe lets
+    ``judge(name, code)`` decide from GRPOTrainer's generation method, apply wraps that method."""
+
+    def probe(module) -> Verdict:
+        return probe_generation(module, judge)
+
+    def apply(module, patcher) -> None:
+        wrap_generation(module, patcher, fix)
+
+    return probe, apply
 
 
 # -- the instance wrappers ---------------------------------------------------------------------

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from trl_compat._engine import warn_once
 
 log = logging.getLogger(__name__)
+_ABSENT = object()
 
 TRUNCATION = "vllm-prompt-truncation"
 SPECIAL_TOKENS = "vllm-prompt-special-tokens"
@@ -165,7 +166,3 @@ class Handoff:
                       "the training prompt's ids with this tokenizer (e.g. training ids without the BOS the tokenizer "
                       "adds); the closest text is sent")
         return text
-
-
-
-_ABSENT = object()

@@ -14,6 +14,7 @@ from trl_compat._helpers.vllm_sync.structure import Peft, UnsupportedModel
 
 log = logging.getLogger(__name__)
 
+
 def vllm_model_of(trainer: Any) -> Any:
     """The colocated vLLM model TRL 0.14/0.15 load weights into (main process only)."""
     return trainer.llm.llm_engine.model_executor.driver_worker.model_runner.model

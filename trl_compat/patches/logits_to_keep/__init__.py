@@ -81,28 +81,10 @@ from __future__ import annotations
 import functools
 
 from trl_compat._engine import needed, not_needed, undecided
-from trl_compat.patches.logits_to_keep.accepts import (  # noqa: F401 - the patch's names, for tests and tools
-    MATCH,
-    REFERENCE_MODEL,
-    RENAME,
-    SLICE,
-    TRL_SLICES,
-    UNKNOWN,
-    Accepts,
-    accepts,
-    decide,
-    reference_accepts,
-)
-from trl_compat.patches.logits_to_keep.forward import (  # noqa: F401
-    _PREV,
-    SWITCH,
-    _ours,
-    unwrap,
-    unwrap_all,
-    wrapped_models,
-)
-from trl_compat.patches.logits_to_keep.prepare import decisions, prepare_model, wrap_entry  # noqa: F401
-from trl_compat.patches.logits_to_keep.trl_call import NAMES, NEW, NEXT, OLD, PATCH_ID, TrlCall, read_trl  # noqa: F401
+from trl_compat.patches.logits_to_keep.accepts import REFERENCE_MODEL, reference_accepts
+from trl_compat.patches.logits_to_keep.forward import SWITCH
+from trl_compat.patches.logits_to_keep.prepare import decisions, wrap_entry
+from trl_compat.patches.logits_to_keep.trl_call import NEXT, read_trl
 
 
 def probe(module):
@@ -147,8 +129,3 @@ def apply(module, patcher) -> None:
     SWITCH.active = trl
     patcher.on_undo(lambda: delattr(SWITCH, "active"))  # also restores every model's forward
     patcher.wrap(module.GRPOTrainer, trl.entry, functools.partial(wrap_entry, trl=trl))
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0", "0.18.2", "0.19.0", "0.19.1", "0.20.0.dev0"],
-                    "outside": ["0.20.0"]}}

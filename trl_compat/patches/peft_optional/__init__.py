@@ -104,7 +104,3 @@ def apply(module: types.ModuleType, patcher) -> None:
             takes_peft_config = False
         if takes_peft_config:
             around_init(before=refuse_peft_config, complete=True)(module, patcher)
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0.dev0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}}

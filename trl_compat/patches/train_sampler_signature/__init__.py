@@ -86,8 +86,3 @@ def apply(module, patcher) -> None:
         changed.append(sampler)
     if not changed:  # the probe said otherwise a moment ago
         raise RuntimeError("no sampler method needs wrapping")
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.15.0", "0.16.1", "0.17.0.dev0"], "outside": ["0.14.0", "0.17.0", "0.18.0"]},
-            "transformers": {"inside": ["4.52.0"], "outside": ["4.51.3"]}}

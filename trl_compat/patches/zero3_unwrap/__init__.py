@@ -134,7 +134,3 @@ def apply(module, patcher) -> None:
         elif isinstance(bound, types.FunctionType) and bound in _made and bound is not wrapper:
             setattr(other, NAME, wrapper)  # our own earlier wrapper: not another copy's
             patcher.on_undo(functools.partial(setattr, other, NAME, bound))
-
-
-# The versions named above, inside the window (the probe decides) or outside it: tests/engine/test_windows.py.
-VERSIONS = {"trl": {"inside": ["0.14.0", "0.15.0.dev0", "0.15.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}}

@@ -1,0 +1,85 @@
+"""Every registry entry is a whole declaration: what it changes, the versions its window tests
+feed through the gate, and what a user sees without it (runs in every cell, no trl needed)."""
+
+import importlib.util
+import pathlib
+import re
+
+from trl_compat.patches import PATCHES, declared
+
+import pytest
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+# "Qual.name" inside the trigger module, or "module:Qual.name" elsewhere
+CHANGE = re.compile(rf"(?:{IDENTIFIER}(?:\.{IDENTIFIER})*:)?{IDENTIFIER}(?:\.{IDENTIFIER})*")
+# the exception line a user would search for, or what silently goes wrong
+SYMPTOM = re.compile(r"^silent: \S|\b[A-Z]\w*(?:Error|Exception): \S")
+
+
+def admits_every_version(spec: str) -> bool:
+    """A window that only asks for the distribution to be installed (``>=0``): nothing is outside."""
+    window = SpecifierSet(spec, prereleases=True)
+    return Version("0") in window and Version("99.0") in window
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.id)
+def test_every_entry_declares_what_it_changes(patch):
+    assert patch.changes, f"{patch.id} declares no changes"
+    assert isinstance(patch.changes, tuple)
+    for change in patch.changes:
+        assert isinstance(change, str) and CHANGE.fullmatch(change), f"{patch.id}: {change!r}"
+    assert len(set(patch.changes)) == len(patch.changes), f"{patch.id} lists a change twice"
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.id)
+def test_every_window_has_witnesses_inside_and_outside(patch):
+    assert set(patch.witnesses) <= set(patch.requires), f"{patch.id}: witnesses for a distribution it does not require"
+    for dist, spec in patch.requires.items():
+        named = patch.witnesses.get(dist)
+        if named is None:
+            assert admits_every_version(spec), f"{patch.id}: {dist} {spec} has no witnesses"
+            continue
+        assert set(named) <= {"inside", "outside"}, f"{patch.id}: {dist}: {sorted(named)}"
+        assert named["inside"], f"{patch.id}: no {dist} version named inside {spec}"
+        assert named.get("outside") or admits_every_version(spec), \
+            f"{patch.id}: no {dist} version named outside {spec}"
+        for version in (*named["inside"], *named.get("outside", ())):
+            Version(version)  # a real version, not a typo
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.id)
+def test_every_entry_says_what_a_user_sees_without_it(patch):
+    assert patch.symptom.strip() == patch.symptom and "\n" not in patch.symptom, patch.symptom
+    assert SYMPTOM.search(patch.symptom), f"{patch.id}: {patch.symptom!r} is neither an error line nor 'silent: ...'"
+    assert patch.symptom != patch.summary
+
+
+def test_ids_are_unique_and_declared_finds_each():
+    ids = [patch.id for patch in PATCHES]
+    assert len(set(ids)) == len(ids)
+    assert [declared(i) for i in ids] == PATCHES
+    with pytest.raises(KeyError):
+        declared("no-such-patch")
+
+
+def test_the_six_init_patches_declare_it():
+    """Their order on GRPOTrainer.__init__ is derived from these declarations (the registry's);
+    none depends on it: each hook reads the call's arguments or the finished trainer."""
+    init = [patch.id for patch in PATCHES if "GRPOTrainer.__init__" in patch.changes]
+    assert init == ["peft-optional", "dataloader-workers", "pad-token", "peft-gradient-checkpointing",
+                    "reward-model-zero3", "vllm-v1-engine"]
+
+
+def _impl_source(patch) -> str:
+    path = pathlib.Path(importlib.util.find_spec(patch.impl).origin)
+    files = sorted(path.parent.glob("*.py")) if path.name == "__init__.py" else [path]
+    return "".join(f.read_text(encoding="utf-8") for f in files)
+
+
+@pytest.mark.parametrize("patch", [p for p in PATCHES if "GRPOTrainer.__init__" in p.changes], ids=lambda p: p.id)
+def test_every_init_fix_goes_through_around_init(patch):
+    source = _impl_source(patch)
+    assert "around_init(" in source, f"{patch.impl} wraps GRPOTrainer.__init__ without trl_compat._helpers.trainer_init"
+    assert not re.search(r"""\.wrap\([^)]*["']__init__["']""", source), f"{patch.impl} wraps __init__ itself"
