@@ -149,7 +149,7 @@ def probe(module):
     raise ValueError("the probe exploded")
 
 register(Patch(id="test-strict-probe", summary="s", upstream="u", trigger="trl.trainer.grpo_trainer",
-               must_exist="GRPOTrainer", requires={}, probe=probe, apply=lambda m, p: None))
+               must_exist="GRPOTrainer", changes=("GRPOTrainer",), requires={}, probe=probe, apply=lambda m, p: None))
 install("test-strict-probe")
 from trl import GRPOTrainer  # TRL's lazy module imports trl.trainer.grpo_trainer here: no error yet
 print("IMPORTED", flush=True)

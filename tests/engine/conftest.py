@@ -61,14 +61,14 @@ def wrap_step(calls):
 
 @pytest.fixture
 def make_patch(wrap_step):
-    """``make_patch(module, ...)``: register a test patch (by default: wrap_step, bug found, no
-    declared ``changes``, so that it may change anything)."""
+    """``make_patch(module, ...)``: register a test patch (by default: wrap_step, bug found,
+    declaring that it changes ``target``)."""
     def make(module, pid=None, probe=lambda m: needed("bug found"), apply=None, target="Trainer.step",
-             requires=None, changes=()):
+             requires=None, changes=None):
         patch = Patch(
             id=pid or "test-" + uuid.uuid4().hex[:6], summary="test patch", upstream="none",
             trigger=module, must_exist=target, requires=requires or {}, probe=probe, apply=apply or wrap_step,
-            changes=changes,
+            changes=changes or (target,),
         )
         engine.register(patch)
         return patch

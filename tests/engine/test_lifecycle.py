@@ -122,7 +122,7 @@ def test_a_patch_applied_for_the_first_time_goes_below_later_ones(fake_pkg, monk
     us") and a re-install finds its marker and skips ("already patched")."""
     mod = importlib.import_module(fake_pkg)
     monkeypatch.delenv("TEST_TRL_COMPAT_LATE", raising=False)
-    late = Patch(id="test-late", summary="", upstream="", trigger=fake_pkg, must_exist="Trainer.step", requires={},
+    late = Patch(id="test-late", summary="", upstream="", trigger=fake_pkg, must_exist="Trainer.step", requires={}, changes=("Trainer.step",),
                  probe=lambda m: needed("bug found"), apply=_tagging("late"), opt_in="TEST_TRL_COMPAT_LATE")
     engine.register(late)
     upper = make_patch(fake_pkg, apply=_tagging("upper"))
@@ -188,7 +188,7 @@ def test_apply_that_raises_half_way_leaves_nothing_patched(fake_pkg, caplog, mak
         patcher.replace(module.Trainer, "other", lambda self: "half")
         raise RuntimeError("boom after two changes")
 
-    patch = make_patch(fake_pkg, apply=apply)
+    patch = make_patch(fake_pkg, apply=apply, changes=("Trainer.step", "Trainer.other"))
     with caplog.at_level(logging.WARNING, logger="trl_compat"):
         trl_compat.install(patch.id)
     assert trl_compat.status(patch.id) == trl_compat.FAILED
@@ -335,7 +335,7 @@ def test_on_undo_runs_on_revert_and_on_rollback(fake_pkg, make_patch):
 def test_an_opt_in_patch_is_disabled_until_its_switch_is_on(fake_pkg, monkeypatch, caplog, wrap_step):
     mod = importlib.import_module(fake_pkg)
     monkeypatch.delenv("TEST_TRL_COMPAT_OPT_IN", raising=False)
-    patch = Patch(id="test-opt-in", summary="", upstream="", trigger=fake_pkg, must_exist="Trainer.step", requires={},
+    patch = Patch(id="test-opt-in", summary="", upstream="", trigger=fake_pkg, must_exist="Trainer.step", requires={}, changes=("Trainer.step",),
                   probe=lambda m: needed("bug found"), apply=wrap_step, opt_in="TEST_TRL_COMPAT_OPT_IN")
     engine.register(patch)
     with caplog.at_level(logging.INFO, logger="trl_compat"):

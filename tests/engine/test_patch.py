@@ -8,11 +8,12 @@ from trl_compat._engine import Patch, PatchStatus, needed
 
 import pytest
 
-FIELDS = dict(id="test-decl", summary="s", upstream="u", trigger="x.mod", must_exist="Cls.meth", requires={"trl": ">=1"})
+FIELDS = dict(id="test-decl", summary="s", upstream="u", trigger="x.mod", must_exist="Cls.meth", requires={"trl": ">=1"},
+              changes=("Cls.meth",))
 
 
 def test_a_patch_is_fixed_once_declared_and_replace_gives_a_changed_copy():
-    patch = Patch(**FIELDS, changes=["Cls.meth"], impl="trl_compat.no_such_impl")
+    patch = Patch(**dict(FIELDS, changes=["Cls.meth"]), impl="trl_compat.no_such_impl")
     with pytest.raises(AttributeError, match=r"fixed once declared; use \.replace\(summary=\.\.\.\)"):
         patch.summary = "other"
     with pytest.raises(AttributeError):
@@ -27,7 +28,7 @@ def test_fields_are_copied_not_shared():
     requires = {"trl": ">=1"}
     patch = Patch(**dict(FIELDS, requires=requires))
     requires["trl"] = ">=2"
-    assert patch.requires == {"trl": ">=1"} and patch.witnesses == {} and patch.changes == ()
+    assert patch.requires == {"trl": ">=1"} and patch.witnesses == {} and patch.changes == ("Cls.meth",)
 
 
 def test_unknown_or_missing_fields_are_a_type_error():
@@ -35,6 +36,11 @@ def test_unknown_or_missing_fields_are_a_type_error():
         Patch(**FIELDS, module="x.mod")
     with pytest.raises(TypeError):
         Patch(id="test-decl", summary="s")
+
+
+def test_a_patch_that_declares_no_changes_is_refused():
+    with pytest.raises(ValueError, match="declares no changes"):
+        Patch(**dict(FIELDS, changes=()))
 
 
 def test_impl_is_imported_only_when_the_probe_is_called(tmp_path, monkeypatch):

@@ -50,7 +50,7 @@ def test_a_user_subclass_overriding_the_target_is_reported(fake_pkg, make_patch)
 
 def test_report_target_is_what_was_changed(fake_pkg, make_patch):
     importlib.import_module(fake_pkg)
-    patch = make_patch(fake_pkg, target="Trainer", apply=lambda m, p: p.wrap(m.Trainer, "step", _prefixing))
+    patch = make_patch(fake_pkg, target="Trainer", changes=("Trainer.step",), apply=lambda m, p: p.wrap(m.Trainer, "step", _prefixing))
     trl_compat.install(patch.id)
     assert {r.id: r.target for r in trl_compat.report()}[patch.id] == f"{fake_pkg}.Trainer.step"
 

@@ -31,7 +31,7 @@ from packaging.version import InvalidVersion, Version
 )
 def test_version_gate(monkeypatch, installed, window, expected):
     monkeypatch.setattr(engine_versions, "dist_version", lambda dist: installed)
-    patch = Patch(id="test-gate", summary="", upstream="", trigger="x", must_exist="y",
+    patch = Patch(id="test-gate", summary="", upstream="", trigger="x", must_exist="y", changes=("y",),
                   requires={"trl": window}, probe=None, apply=None)
     status, reason, versions = engine.gate(patch)
     assert status == expected, reason
@@ -42,11 +42,11 @@ def test_version_gate(monkeypatch, installed, window, expected):
 
 def test_version_gate_without_metadata(monkeypatch):
     monkeypatch.setattr(engine_versions, "dist_version", lambda dist: None)
-    missing = Patch(id="test-gate", summary="", upstream="", trigger="x", must_exist="y",
+    missing = Patch(id="test-gate", summary="", upstream="", trigger="x", must_exist="y", changes=("y",),
                     requires={"surely-not-installed-dist": ">=0"}, probe=None, apply=None)
     assert engine.gate(missing)[0] == trl_compat.NOT_NEEDED
     # importable but no metadata (e.g. a source checkout on sys.path): unknown, not guessed
-    importable = Patch(id="test-gate", summary="", upstream="", trigger="x", must_exist="y",
+    importable = Patch(id="test-gate", summary="", upstream="", trigger="x", must_exist="y", changes=("y",),
                        requires={"json": ">=0"}, probe=None, apply=None)
     status, reason, _ = engine.gate(importable)
     assert status == trl_compat.UNKNOWN_VERSION and "no distribution metadata" in reason
@@ -137,7 +137,7 @@ def test_pep440_order_is_packagings():
 def test_the_gate_gives_packagings_verdict(monkeypatch, spec):
     for installed in VERSIONS:
         monkeypatch.setattr(engine_versions, "dist_version", lambda dist, installed=installed: installed)
-        patch = Patch(id="test-gate", summary="", upstream="", trigger="x", must_exist="y", requires={"trl": spec},
+        patch = Patch(id="test-gate", summary="", upstream="", trigger="x", must_exist="y", changes=("y",), requires={"trl": spec},
                       probe=None, apply=None)
         status, reason, _ = engine.gate(patch)
         theirs = packaging_says(spec, installed)

@@ -101,7 +101,7 @@ def test_a_probe_on_unreadable_source_is_undecided(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delenv("TRL_COMPAT_STRICT", raising=False)
     module = importlib.import_module(name)
-    patch = engine.Patch(id="test-src-" + name, summary="", upstream="", trigger=name, must_exist="Trainer.step",
+    patch = engine.Patch(id="test-src-" + name, summary="", upstream="", trigger=name, must_exist="Trainer.step", changes=("Trainer.step",),
                          requires={}, probe=lambda m: code(len) and engine.needed("never"),
                          apply=lambda m, p: p.replace(m.Trainer, "step", lambda self: 2))
     engine.register(patch)

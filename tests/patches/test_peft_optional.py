@@ -151,7 +151,7 @@ def register_on(module_name):
     """The real PATCH's gate-free twin, pointed at another module."""
     patch = Patch(
         id="test-peft-optional-" + uuid.uuid4().hex[:6], summary=PATCH.summary, upstream=PATCH.upstream,
-        trigger=module_name, must_exist=PATCH.must_exist, requires={}, probe=PATCH.probe, apply=PATCH.apply,
+        trigger=module_name, must_exist=PATCH.must_exist, changes=PATCH.changes, requires={}, probe=PATCH.probe, apply=PATCH.apply,
     )
     engine.register(patch)
     return patch

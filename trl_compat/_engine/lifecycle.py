@@ -128,9 +128,8 @@ def _probe_and_apply(patch: Patch, module: ModuleType) -> None:
         log.info("trl_compat: %s: %s; opt-in: set %s=1 to apply the fix", patch.id, verdict.reason, patch.opt_in)
         set_status(patch, DISABLED, f"opt-in, off: {verdict.reason}; set {patch.opt_in}=1 to apply the fix")
         return
-    # A patch that declares its changes may change nothing else; one that declares none yet
-    # may change anything (the fallback until every registry entry declares its changes).
-    patcher = Patcher(patch.id, declared(patch) or None)
+    # A patch may change only what its entry declares: the Patcher refuses anything else.
+    patcher = Patcher(patch.id, declared(patch))
     try:
         patch.apply(module, patcher)
     except AlreadyPatched as exc:
@@ -192,26 +191,16 @@ def _take_off(patch: Patch, reason: str) -> None:
         state.status, state.reason = REVERTED, "reverted before its trigger module was imported"
 
 
-def _stacks_on(lower: Patch, upper: Patch, first_time: bool) -> bool:
-    """Whether ``upper`` (applied, registered after ``lower``) changes an attribute ``lower``
-    changes, so that it must come off before ``lower`` is taken off or put on again.
-
-    Both declare their ``changes``: the declarations overlap. Otherwise (the fallback while an
-    entry declares none) what they changed when last applied overlaps, and a ``lower`` being
-    applied for the ``first_time`` may change anything of its trigger module: every later patch
-    applied there counts as above it (taking one off and on again costs a re-wrap; wrapping
-    above it would not stack in registration order)."""
-    if lower.changes and upper.changes:
-        return not set(declared(lower)).isdisjoint(declared(upper))
-    if first_time:
-        return lower.trigger == upper.trigger
-    return not REGISTRY.state(lower.id).touched.isdisjoint(REGISTRY.state(upper.id).touched)
+def _stacks_on(lower: Patch, upper: Patch) -> bool:
+    """Whether ``upper`` (applied, registered after ``lower``) declares an attribute ``lower``
+    declares, so that it must come off before ``lower`` is taken off or put on again."""
+    return not set(declared(lower)).isdisjoint(declared(upper))
 
 
 def _stacked_above(moving: List[Patch]) -> List[Patch]:
     """Applied patches, other than ``moving``, registered after one of them and stacking on it
     (:func:`_stacks_on`), and in turn those above them."""
-    below = [(p, not REGISTRY.state(p.id).touched) for p in moving]
+    below = list(moving)
     seen = {p.id for p in moving}
     above: List[Patch] = []
     grew = True
@@ -221,9 +210,9 @@ def _stacked_above(moving: List[Patch]) -> List[Patch]:
             if patch.id in seen or REGISTRY.state(patch.id).patcher is None:
                 continue
             position = REGISTRY.position(patch)
-            if any(REGISTRY.position(low) < position and _stacks_on(low, patch, first) for low, first in below):
+            if any(REGISTRY.position(low) < position and _stacks_on(low, patch) for low in below):
                 above.append(patch)
-                below.append((patch, False))
+                below.append(patch)
                 seen.add(patch.id)
                 grew = True
     return above

@@ -136,8 +136,8 @@ class Patch(_Fields):
         trigger: str,
         must_exist: str,
         requires: Mapping[str, str],
+        changes: Iterable[str],
         symptom: str = "",
-        changes: Iterable[str] = (),
         witnesses: Mapping[str, dict[str, list[str]]] | None = None,
         remove_when: str = "",
         opt_in: str = "",
@@ -152,6 +152,9 @@ class Patch(_Fields):
         self.trigger = trigger
         self.must_exist = must_exist
         self.changes = tuple(changes)
+        if not self.changes:
+            # what it changes decides its stacking and what its Patcher allows: never guessed
+            raise ValueError(f"patch {id!r} declares no changes: list every attribute its apply may change")
         self.requires = dict(requires)
         self.witnesses = dict(witnesses or {})
         self.remove_when = remove_when
@@ -240,5 +243,8 @@ class PatchStatus(_Fields):
         self.versions = dict(versions or {})
         self.target = target
         self.changes = tuple(changes)
+        if not self.changes:
+            # what it changes decides its stacking and what its Patcher allows: never guessed
+            raise ValueError(f"patch {id!r} declares no changes: list every attribute its apply may change")
         self.summary = summary
         self.upstream = upstream
