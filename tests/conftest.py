@@ -71,7 +71,10 @@ def chosen_tests(config):
 
 
 def _under(path, config, prefixes):
-    rel = path.resolve().relative_to(config.rootpath.resolve()).as_posix()
+    try:
+        rel = path.resolve().relative_to(config.rootpath.resolve()).as_posix()
+    except ValueError:  # outside the tree: not one of ours, runs everywhere
+        return False
     return any(rel == p or rel.startswith(p + "/") for p in prefixes)
 
 
