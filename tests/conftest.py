@@ -34,3 +34,102 @@ def _vllm_engine_choice_per_test():
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+# Which tests a tox env runs: TRL_COMPAT_TESTS, set per env in tox.ini.
+#   all (or unset)   every test: a local run
+#   cell             a matrix cell: every test but the stack-free ones and tests/package
+#   cell+stack-free  the notrl cell: those and the stack-free tests, which run nowhere else; so
+#                    a stack-free test (or module) that skips here fails instead
+#   package          tox -e package: tests/package only
+# The stack-free tests read nothing of the installed stack (the engine on synthetic packages, the
+# version gate on given versions, probes on code written in the test): their outcome is the same in
+# every cell, so they run once instead of in each. A file not listed here runs in every cell, a new
+# one included. A test in a listed file that reads the stack (TRL, torch, transformers, installed
+# metadata) is marked ``@pytest.mark.every_cell``; one that skips in notrl fails there until it is.
+STACK_FREE = (
+    "tests/engine/test_lifecycle.py",
+    "tests/engine/test_logs.py",
+    "tests/engine/test_patcher.py",
+    "tests/engine/test_probe_text.py",
+    "tests/engine/test_versions.py",
+    "tests/engine/test_windows.py",
+    "tests/helpers/test_source.py",
+    "tests/helpers/test_zero3.py",
+    "tests/test_selection.py",
+)
+PACKAGE = ("tests/package",)
+TESTS_VAR = "TRL_COMPAT_TESTS"
+TEST_SETS = ("all", "cell", "cell+stack-free", "package")
+
+
+def chosen_tests(config):
+    chosen = os.environ.get(TESTS_VAR, "").strip() or "all"
+    if chosen not in TEST_SETS:
+        raise pytest.UsageError(f"{TESTS_VAR}={chosen!r}: expected one of {', '.join(TEST_SETS)}")
+    return chosen
+
+
+def _under(path, config, prefixes):
+    try:
+        rel = path.resolve().relative_to(config.rootpath.resolve()).as_posix()
+    except ValueError:  # outside the tree: not one of ours, runs everywhere
+        return False
+    return any(rel == p or rel.startswith(p + "/") for p in prefixes)
+
+
+def runs_only_here(item):
+    """A stack-free test in the env that runs them: it runs in no other."""
+    return (chosen_tests(item.config) == "cell+stack-free" and _under(item.path, item.config, STACK_FREE)
+            and item.get_closest_marker("every_cell") is None)
+
+
+def pytest_configure(config):
+    chosen_tests(config)
+    config.addinivalue_line("markers", "every_cell: in a STACK_FREE file (tests/conftest.py), a test that reads "
+                                       "the installed stack and so runs in every matrix cell")
+
+
+def pytest_collection_modifyitems(config, items):
+    chosen = chosen_tests(config)
+    if chosen == "all":
+        return
+
+    def wanted(item):
+        if _under(item.path, config, PACKAGE):
+            return chosen == "package"
+        if chosen == "package":
+            return False
+        return (chosen == "cell+stack-free" or not _under(item.path, config, STACK_FREE)
+                or item.get_closest_marker("every_cell") is not None)
+
+    keep = [item for item in items if wanted(item)]
+    if len(keep) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if not wanted(item)])
+        items[:] = keep
+
+
+NOT_RUN_ELSEWHERE = ("{what} is stack-free (tests/conftest.py STACK_FREE), so it runs in this env only, "
+                     "but it was skipped here ({why}): mark the test @pytest.mark.every_cell if it needs "
+                     "the installed stack, or make it run here")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and not hasattr(report, "wasxfail") and runs_only_here(item):
+        why = report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = NOT_RUN_ELSEWHERE.format(what=item.nodeid, why=why)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    report = outcome.get_result()
+    if (report.skipped and isinstance(collector, pytest.Module) and chosen_tests(collector.config) == "cell+stack-free"
+            and _under(collector.path, collector.config, STACK_FREE)):
+        why = report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = NOT_RUN_ELSEWHERE.format(what=collector.nodeid, why=why)

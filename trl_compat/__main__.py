@@ -125,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trl-compat", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {trl_compat.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="{report,run}")
     report = commands.add_parser("report", help="what trl_compat did here (the default)")
     # SUPPRESS: `trl-compat --json report` must keep the --json given before the command.

@@ -367,6 +367,7 @@ print(json.dumps(out))
 """.strip()
 
 
+@pytest.mark.every_cell  # reads the installed stack
 def test_import_loads_no_patch_module_until_its_trigger_module_is_imported(tmp_path):
     """``import trl_compat`` reads the registry's data only: no patch module and none of the heavy
     standard library. Importing TRL loads the modules of the patches in their window, not the rest."""

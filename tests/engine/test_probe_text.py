@@ -135,6 +135,7 @@ def test_transformers5_patterns_only_in_prose_are_not_needed(tmp_path):
     assert verdict.needed is False and "does not touch" in verdict.reason, verdict.reason
 
 
+@pytest.mark.every_cell  # reads the installed stack
 def test_transformers5_warnings_issued_in_code_is_seen(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     module = load(tmp_path, '''

@@ -146,6 +146,7 @@ def test_the_gate_gives_packagings_verdict(monkeypatch, spec):
         assert status == expected, (spec, installed, reason)
 
 
+@pytest.mark.every_cell  # reads the installed stack
 def test_dist_version_reads_what_importlib_metadata_reads():
     names = {d.metadata["Name"] for d in importlib.metadata.distributions()} | {"surely-not-installed-dist"}
     for name in sorted(n for n in names if n):
