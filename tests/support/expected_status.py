@@ -36,6 +36,7 @@ APPLIED = {
     # 0.7-0.9, not the 0.10+ APIs these releases import), no deepspeed: every patch ends before 0.20
     "trl0.22.1-tf4.55.4": set(),
     "trl0.24.0-tf4.57.1": set(),
+    "trl0.26.2-tf4.57.3": set(),
     "trl0.29.1-tf4.57.6": set(),
     "trl-newest": set(),
     # the real-vLLM cell (matrix/vllm_cpu/): one venv (transformers 4.51.3, peft 0.15.2, no deepspeed),
