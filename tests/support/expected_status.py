@@ -37,6 +37,7 @@ APPLIED = {
     "trl0.22.1-tf4.55.4": set(),
     "trl0.24.0-tf4.57.1": set(),
     "trl0.26.2-tf4.57.3": set(),
+    "trl0.28.0-tf4.57.6": set(),
     "trl0.29.1-tf4.57.6": set(),
     "trl-newest": set(),
     # the real-vLLM cell (matrix/vllm_cpu/): one venv (transformers 4.51.3, peft 0.15.2, no deepspeed),
