@@ -77,5 +77,5 @@ def test_probe_recognises_the_fixed_code(patch_id):
     trl, patch = installed("trl"), BY_ID[patch_id]
     if trl is None or trl >= Version("0.21") or SpecifierSet(patch.requires["trl"]).contains(trl, prereleases=True):
         pytest.skip(f"trl {trl}: not a fixed release the probe was written against")
-    verdict = patch.probe(importlib.import_module(patch.module))
+    verdict = patch.probe(importlib.import_module(patch.trigger))
     assert verdict.needed is False and FIXED_CODE_REASONS[patch_id] in verdict.reason, verdict

@@ -34,6 +34,7 @@ APPLIED = {
                           "transformers5-warnings-issued"},
     # TRL 0.20 -> 0.29.1 with the transformers 4.x of their day, no vLLM (the stand-in emulates vLLM
     # 0.7-0.9, not the 0.10+ APIs these releases import), no deepspeed: every patch ends before 0.20
+    "trl0.20.0-tf4.53.3": set(),
     "trl0.22.1-tf4.55.4": set(),
     "trl0.24.0-tf4.57.1": set(),
     "trl0.26.2-tf4.57.3": set(),
