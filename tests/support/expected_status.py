@@ -36,6 +36,7 @@ APPLIED = {
     # 0.7-0.9, not the 0.10+ APIs these releases import), no deepspeed: every patch ends before 0.20
     "trl0.20.0-tf4.53.3": set(),
     "trl0.22.1-tf4.55.4": set(),
+    "trl0.22.2-tf4.55.4": set(),
     "trl0.24.0-tf4.57.1": set(),
     "trl0.26.2-tf4.57.3": set(),
     "trl0.28.0-tf4.57.6": set(),
