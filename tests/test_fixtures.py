@@ -307,8 +307,8 @@ def test_grpo_full_finetune_runs(arch, tmp_path):
     trainer, history = grpo_run.run_grpo(tmp_path, model=arch, steps=3)
     changed = _check_run(trainer, history)
     assert len(changed) == len(trainer.tiny_initial_trainable)  # every weight moved (lr 1e-3)
-    # TRL 1.x dropped max_prompt_length (prompts are no longer truncated); every other key exists everywhere
-    assert set(trainer.tiny_dropped_config_keys) <= ({"max_prompt_length"} if grpo_run.trl_version() >= (1,) else set())
+    # TRL 0.26 stopped truncating prompts and 0.28 dropped max_prompt_length; every other key exists everywhere
+    assert set(trainer.tiny_dropped_config_keys) <= ({"max_prompt_length"} if grpo_run.trl_version() >= (0, 28) else set())
 
 
 @requires_peft

@@ -35,6 +35,16 @@ APPLIED = {
     "trl0.19.1-tf4.53.3": {"logits-to-keep"},
     "trl0.19.1-tf5.23.0": {"logits-to-keep", "transformers5-import", "transformers5-use-cache",
                           "transformers5-warnings-issued"},
+    # TRL 0.20 -> 0.29.1 with the transformers 4.x of their day, no vLLM (the stand-in emulates vLLM
+    # 0.7-0.9, not the 0.10+ APIs these releases import), deepspeed in trl0.24.0 only: every patch ends before 0.20
+    "trl0.20.0-tf4.53.3": set(),
+    "trl0.22.1-tf4.55.4": set(),
+    "trl0.22.2-tf4.55.4": set(),
+    "trl0.24.0-tf4.57.1": set(),
+    "trl0.26.0-tf4.57.3": set(),
+    "trl0.26.2-tf4.57.3": set(),
+    "trl0.28.0-tf4.57.6": set(),
+    "trl0.29.1-tf4.57.6": set(),
     "trl-newest": set(),
     # the real-vLLM cell (matrix/vllm_cpu/): one venv (transformers 4.51.3, peft 0.15.2, no deepspeed),
     # one report per TRL release swapped in
