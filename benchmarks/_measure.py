@@ -61,8 +61,7 @@ def measure(fn: Callable[[], object], repeats: int, warmup: int = 1) -> Tuple[Di
         result, peak, seconds = peak_extra(fn)
         peaks.append(peak)
         times.append(seconds)
-    return dict(peak_bytes=max(peaks), peak_bytes_all=peaks, seconds=statistics.median(times),
-                seconds_all=times), result
+    return dict(peak_bytes=max(peaks), peak_bytes_all=peaks, seconds=statistics.median(times), seconds_all=times), result
 
 
 def run_timed(cmd: Sequence[str], env: Dict[str, str]) -> Tuple[float, float]:

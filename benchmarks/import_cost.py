@@ -39,11 +39,12 @@ CWD = tempfile.gettempdir()
 
 def variants():
     env = {k: v for k, v in os.environ.items() if k not in ("TRL_COMPAT_AUTO", "PYTHONPATH")}
-    found = [("python -c pass", [sys.executable, "-c", "pass"], env),
-             ("import trl_compat", [sys.executable, "-c", "import trl_compat"], env)]
+    found = [
+        ("python -c pass", [sys.executable, "-c", "pass"], env),
+        ("import trl_compat", [sys.executable, "-c", "import trl_compat"], env),
+    ]
     if os.path.exists(os.path.join(sysconfig.get_paths()["purelib"], "trl_compat.pth")):
-        found.append(("TRL_COMPAT_AUTO=1, python -c pass", [sys.executable, "-c", "pass"],
-                      dict(env, TRL_COMPAT_AUTO="1")))
+        found.append(("TRL_COMPAT_AUTO=1, python -c pass", [sys.executable, "-c", "pass"], dict(env, TRL_COMPAT_AUTO="1")))
     return found
 
 
@@ -60,8 +61,9 @@ def modules(cmd, env):
 
 
 def dist(name):
-    out = subprocess.run([sys.executable, "-c", f"import importlib.metadata as m; print(m.version({name!r}))"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", f"import importlib.metadata as m; print(m.version({name!r}))"], capture_output=True, text=True
+    )
     return out.stdout.strip() or "-"
 
 
@@ -81,7 +83,7 @@ def main():
     cpu = {name: [] for name, _, _ in runs}
     wall = {name: [] for name, _, _ in runs}
     for i in range(args.rounds):
-        for name, cmd, env in runs[i % len(runs):] + runs[:i % len(runs)]:
+        for name, cmd, env in runs[i % len(runs) :] + runs[: i % len(runs)]:
             c, w = cpu_ms(cmd, env)
             cpu[name].append(c)
             wall[name].append(w)
@@ -98,18 +100,22 @@ def main():
         f"{args.rounds} rounds, variants in rotating order, after 3 warm-up runs each. CPU time is user + "
         "system of the process (from `wait4`); wall time mostly measures the wait for a core here.",
         "",
-        "| variant | CPU median (ms) | CPU quartiles (ms) | ratio to `python -c pass` | wall median (ms) "
-        "| modules in sys.modules |",
+        "| variant | CPU median (ms) | CPU quartiles (ms) | ratio to `python -c pass` | wall median (ms) | modules in sys.modules |",
         "|---|---|---|---|---|---|",
     ]
     for name, cmd, env in runs:
         q = _measure.quartiles(cpu[name])
-        lines.append(f"| {name} | {statistics.median(cpu[name]):.1f} | {q[0]:.1f} – {q[1]:.1f} | "
-                     f"{statistics.median(cpu[name]) / base:.2f} | {statistics.median(wall[name]):.1f} | "
-                     f"{modules(cmd, env)} |")
+        lines.append(
+            f"| {name} | {statistics.median(cpu[name]):.1f} | {q[0]:.1f} – {q[1]:.1f} | "
+            f"{statistics.median(cpu[name]) / base:.2f} | {statistics.median(wall[name]):.1f} | "
+            f"{modules(cmd, env)} |"
+        )
     ratio = statistics.median(cpu["import trl_compat"]) / base
-    lines += ["", f"`import trl_compat` / `python -c pass`, ratio of the CPU medians: {ratio:.2f}x "
-                  f"(target <= {TARGET}x): {'met' if ratio <= TARGET else 'NOT met'}."]
+    lines += [
+        "",
+        f"`import trl_compat` / `python -c pass`, ratio of the CPU medians: {ratio:.2f}x "
+        f"(target <= {TARGET}x): {'met' if ratio <= TARGET else 'NOT met'}.",
+    ]
     if before_path:
         with open(before_path) as fh:
             lines += ["", fh.read().rstrip()]

@@ -52,8 +52,7 @@ import _measure
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
-SHAPE = dict(vocab=151_936, hidden=256, layers=2, heads=4, kv_heads=2, intermediate=704,
-             batch=4, prompt=512, completion=64)
+SHAPE = dict(vocab=151_936, hidden=256, layers=2, heads=4, kv_heads=2, intermediate=704, batch=4, prompt=512, completion=64)
 TARGET = 1.05  # patched peak memory within 1.05x of native
 
 
@@ -74,10 +73,17 @@ def child(mode: str, repeats: int) -> dict:
     from trl.trainer.grpo_trainer import GRPOTrainer
 
     s = SHAPE
-    config = Qwen2Config(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["intermediate"],
-                         num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
-                         num_key_value_heads=s["kv_heads"], max_position_embeddings=2048,
-                         tie_word_embeddings=True, use_sliding_window=False)
+    config = Qwen2Config(
+        vocab_size=s["vocab"],
+        hidden_size=s["hidden"],
+        intermediate_size=s["intermediate"],
+        num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"],
+        num_key_value_heads=s["kv_heads"],
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).eval()
     rows = []
@@ -101,8 +107,7 @@ def child(mode: str, repeats: int) -> dict:
         logps.mean().backward()
         return logps.detach()
 
-    out = dict(mode=mode, versions=dict(trl=trl.__version__, transformers=transformers.__version__,
-                                        torch=torch.__version__))
+    out = dict(mode=mode, versions=dict(trl=trl.__version__, transformers=transformers.__version__, torch=torch.__version__))
     if mode != "unpatched":
         out["trl_compat_status"] = sys.modules["trl_compat"].status("logits-to-keep")
     out["ref"], logps = _measure.measure(ref_call, repeats)
@@ -137,17 +142,26 @@ def _overhead(n: int = 20000) -> dict:
             fn()
         return (time.perf_counter() - start) / n * 1e6
 
-    return dict(prepare_model=per_call(lambda: prepare_model(wrapped)),
-                forward_wrapped=per_call(lambda: wrapped.forward(1, logits_to_keep=2)),
-                forward_bare=per_call(lambda: bare.forward(1, num_logits_to_keep=2)))
+    return dict(
+        prepare_model=per_call(lambda: prepare_model(wrapped)),
+        forward_wrapped=per_call(lambda: wrapped.forward(1, logits_to_keep=2)),
+        forward_bare=per_call(lambda: bare.forward(1, num_logits_to_keep=2)),
+    )
 
 
 # -- parent: run the variants, write the report --------------------------------------------------
 
 
 def run_child(python: str, mode: str, repeats: int, pythonpath: str = "") -> dict:
-    env = dict(os.environ, **_measure.MALLOC_ENV, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", TRL_COMPAT_STRICT="1", PYTHONWARNINGS="ignore")
+    env = dict(
+        os.environ,
+        **_measure.MALLOC_ENV,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        TRL_COMPAT_STRICT="1",
+        PYTHONWARNINGS="ignore",
+    )
     env.pop("TRL_COMPAT_DISABLE", None)
     env.pop("PYTHONPATH", None)
     if pythonpath:
@@ -200,27 +214,32 @@ def report(results: dict, args, wall: float) -> str:
         lines.append(
             f"| {labels[mode]} | {r['versions']['transformers']} | {status} | {r['ref']['lm_head_out']} "
             f"| {mib(r['ref']['peak_bytes'])} | {spread(r['ref'])} "
-            f"| {mib(r['policy']['peak_bytes'])} | {spread(r['policy'])} |")
-    lines += ["", "Ratios against native:", "",
-              "| variant | ref: memory | ref: time | policy: memory | policy: time |", "|---|---|---|---|---|"]
+            f"| {mib(r['policy']['peak_bytes'])} | {spread(r['policy'])} |"
+        )
+    lines += [
+        "",
+        "Ratios against native:",
+        "",
+        "| variant | ref: memory | ref: time | policy: memory | policy: time |",
+        "|---|---|---|---|---|",
+    ]
     for mode in ("unpatched", "patched"):
         r = results[mode]
         lines.append(
             f"| {labels[mode]} | {r['ref']['peak_bytes'] / na['ref']['peak_bytes']:.2f}x "
             f"| {r['ref']['seconds'] / na['ref']['seconds']:.2f}x "
             f"| {r['policy']['peak_bytes'] / na['policy']['peak_bytes']:.2f}x "
-            f"| {r['policy']['seconds'] / na['policy']['seconds']:.2f}x |")
+            f"| {r['policy']['seconds'] / na['policy']['seconds']:.2f}x |"
+        )
     import math
 
     def err(a, b):
         return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb) if math.isfinite(x - y))
 
-    worst = max(pa["ref"]["peak_bytes"] / na["ref"]["peak_bytes"],
-                pa["policy"]["peak_bytes"] / na["policy"]["peak_bytes"])
+    worst = max(pa["ref"]["peak_bytes"] / na["ref"]["peak_bytes"], pa["policy"]["peak_bytes"] / na["policy"]["peak_bytes"])
     lines += [
         "",
-        f"Target: patched within {TARGET}x of native in peak memory: "
-        f"{'met' if worst <= TARGET else 'NOT met'} (worst {worst:.3f}x).",
+        f"Target: patched within {TARGET}x of native in peak memory: {'met' if worst <= TARGET else 'NOT met'} (worst {worst:.3f}x).",
         "",
         "The patch's own cost per call, without model work (mean over 20,000 calls): "
         f"`prepare_model` on a prepared model {pa['overhead_us']['prepare_model']:.1f} us; a wrapped forward "
@@ -230,9 +249,12 @@ def report(results: dict, args, wall: float) -> str:
         "Same values: max |log-prob difference| patched vs unpatched "
         f"{err(pa['logps'], un['logps']):.1e}, patched vs native {err(pa['logps'], na['logps']):.1e} (float32).",
         "",
-        "Per-repeat peaks (MiB): " + "; ".join(
+        "Per-repeat peaks (MiB): "
+        + "; ".join(
             f"{m} ref {[mib(x) for x in results[m]['ref']['peak_bytes_all']]}, "
-            f"policy {[mib(x) for x in results[m]['policy']['peak_bytes_all']]}" for m in labels),
+            f"policy {[mib(x) for x in results[m]['policy']['peak_bytes_all']]}"
+            for m in labels
+        ),
         "",
         "Interpreters: " + "; ".join(f"{m}: {results[m]['python']}" for m in labels) + ".",
         "",
@@ -246,8 +268,7 @@ def merge(runs: list) -> dict:
     for use in ("ref", "policy"):
         peaks = [x for r in runs for x in r[use]["peak_bytes_all"]]
         times = [x for r in runs for x in r[use]["seconds_all"]]
-        out[use] = dict(runs[0][use], peak_bytes=max(peaks), peak_bytes_all=peaks,
-                        seconds=statistics.median(times), seconds_all=times)
+        out[use] = dict(runs[0][use], peak_bytes=max(peaks), peak_bytes_all=peaks, seconds=statistics.median(times), seconds_all=times)
     return out
 
 
@@ -255,13 +276,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--child", choices=["unpatched", "patched", "native"], help=argparse.SUPPRESS)
     p.add_argument("--repeats", type=int, default=2, help="measured calls per child process (after a warm-up)")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="rounds of (unpatched, patched, native) children, interleaved so CPU contention is shared")
-    p.add_argument("--python", default=sys.executable,
-                   help="interpreter for unpatched and patched (default: this one)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of (unpatched, patched, native) children, interleaved so CPU contention is shared",
+    )
+    p.add_argument("--python", default=sys.executable, help="interpreter for unpatched and patched (default: this one)")
     p.add_argument("--python-native", help="interpreter for native (default: --python with --native-transformers)")
-    p.add_argument("--native-transformers", default="4.50.3",
-                   help="transformers release laid over --python for native")
+    p.add_argument("--native-transformers", default="4.50.3", help="transformers release laid over --python for native")
     p.add_argument("--overlay-dir", help="where to install it (default: a temporary directory)")
     p.add_argument("--out", default=os.path.join(HERE, "logits_to_keep.md"))
     args = p.parse_args()
@@ -273,11 +296,26 @@ def main() -> None:
         if not args.python_native:
             overlay = os.path.join(args.overlay_dir or tmp, f"transformers-{args.native_transformers}")
             if not os.path.isdir(os.path.join(overlay, "transformers")):
-                subprocess.run([args.python, "-m", "pip", "install", "-q", "--no-deps", "--target", overlay,
-                                f"transformers=={args.native_transformers}"], check=True)
+                subprocess.run(
+                    [
+                        args.python,
+                        "-m",
+                        "pip",
+                        "install",
+                        "-q",
+                        "--no-deps",
+                        "--target",
+                        overlay,
+                        f"transformers=={args.native_transformers}",
+                    ],
+                    check=True,
+                )
         start, load_before = time.time(), os.getloadavg()[0]
-        pythons = {"unpatched": (args.python, ""), "patched": (args.python, ""),
-                   "native": (args.python_native or args.python, overlay)}
+        pythons = {
+            "unpatched": (args.python, ""),
+            "patched": (args.python, ""),
+            "native": (args.python_native or args.python, overlay),
+        }
         runs = {mode: [] for mode in pythons}
         for round_ in range(args.rounds):
             for mode, (python, pythonpath) in pythons.items():
@@ -285,10 +323,16 @@ def main() -> None:
                 runs[mode].append(run_child(python, mode, args.repeats, pythonpath))
     if runs["native"][0]["versions"]["transformers"] == runs["patched"][0]["versions"]["transformers"]:
         raise SystemExit("native runs the same transformers as patched: not a reference")
-    how = {"unpatched": "the running interpreter", "patched": "the same",
-           "native": ("`--python-native`" if args.python_native else
-                      f"the same, transformers {args.native_transformers} laid over it (`pip install --no-deps "
-                      "--target`, first on `PYTHONPATH`)")}
+    how = {
+        "unpatched": "the running interpreter",
+        "patched": "the same",
+        "native": (
+            "`--python-native`"
+            if args.python_native
+            else f"the same, transformers {args.native_transformers} laid over it (`pip install --no-deps "
+            "--target`, first on `PYTHONPATH`)"
+        ),
+    }
     results = {mode: dict(merge(r), python=how[mode]) for mode, r in runs.items()}
     args.load = (load_before, os.getloadavg()[0])
     text = report(results, args, time.time() - start)

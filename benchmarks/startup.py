@@ -42,16 +42,18 @@ def venv_python(path):
 
 
 def purelib_of(python):
-    return subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def make_venv(path, deps_dir, wheel=None):
     venv.create(path, with_pip=False)
     python = venv_python(path)
     if wheel:
-        subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "-q",
-                        wheel], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "-q", wheel], check=True
+        )
     with open(os.path.join(purelib_of(python), "deps.pth"), "w") as fh:
         fh.write(deps_dir + "\n")
     return python
@@ -66,8 +68,10 @@ def main():
     deps_dir = sysconfig.get_paths()["purelib"]
     base_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRL_COMPAT_AUTO")}
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "wheel", ROOT, "--no-deps", "--no-build-isolation", "-q",
-                        "-w", os.path.join(tmp, "dist")], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", ROOT, "--no-deps", "--no-build-isolation", "-q", "-w", os.path.join(tmp, "dist")],
+            check=True,
+        )
         (wheel,) = glob.glob(os.path.join(tmp, "dist", "trl_compat-*.whl"))
         without = make_venv(os.path.join(tmp, "without"), deps_dir)
         with_it = make_venv(os.path.join(tmp, "with"), deps_dir, wheel)
@@ -89,7 +93,7 @@ def main():
             for _ in range(3):
                 _measure.run_timed([variants[name][0], "-c", "pass"], variants[name][1])
         for i in range(args.rounds):
-            for name in names[i % len(names):] + names[:i % len(names)]:
+            for name in names[i % len(names) :] + names[: i % len(names)]:
                 python, env, _ = variants[name]
                 wall, used = _measure.run_timed([python, "-c", "pass"], env)
                 times[name].append(wall)
@@ -98,8 +102,9 @@ def main():
         # Where the switch's time goes: -X importtime of the start-up with the switch on.
         parts = {}
         for _ in range(7):
-            out = subprocess.run([with_it, "-X", "importtime", "-c", "pass"], env=variants[names[2]][1],
-                                 check=True, capture_output=True, text=True).stderr
+            out = subprocess.run(
+                [with_it, "-X", "importtime", "-c", "pass"], env=variants[names[2]][1], check=True, capture_output=True, text=True
+            ).stderr
             for line in out.splitlines():
                 fields = [f.strip() for f in line.split("|")]
                 if len(fields) == 3 and fields[2].strip() in IMPORTS and fields[1].isdigit():
@@ -110,15 +115,19 @@ def main():
     rows = []
     for name in names:
         lo, hi = _measure.quartiles(cpu[name])
-        rows.append(f"| {name} | {med_cpu[name] * 1000:.1f} | {lo * 1000:.1f} – {hi * 1000:.1f} | "
-                    f"{med_cpu[name] / med_cpu['without']:.3f} | {(med_cpu[name] - med_cpu['without']) * 1000:+.1f} | "
-                    f"{med[name] * 1000:.1f} | {med[name] / med['without']:.3f} |")
+        rows.append(
+            f"| {name} | {med_cpu[name] * 1000:.1f} | {lo * 1000:.1f} – {hi * 1000:.1f} | "
+            f"{med_cpu[name] / med_cpu['without']:.3f} | {(med_cpu[name] - med_cpu['without']) * 1000:+.1f} | "
+            f"{med[name] * 1000:.1f} | {med[name] / med['without']:.3f} |"
+        )
     table = "\n".join(rows)
     parts_table = "\n".join(f"| `{name}` | {statistics.median(parts[name]):.1f} |" for name in IMPORTS if name in parts)
     base, off, on = med_cpu["without"], med_cpu["installed, switch off"], med_cpu["switch on (TRL_COMPAT_AUTO=1)"]
     launch = med_cpu["launcher (bootstrap on PYTHONPATH)"]
-    header = ("| variant | CPU median (ms) | CPU quartiles (ms) | CPU ratio to without | CPU difference (ms) "
-              "| wall median (ms) | wall ratio |")
+    header = (
+        "| variant | CPU median (ms) | CPU quartiles (ms) | CPU ratio to without | CPU difference (ms) "
+        "| wall median (ms) | wall ratio |"
+    )
     today = datetime.date.today().isoformat()
     report = f"""# Interpreter start-up with trl-compat installed
 

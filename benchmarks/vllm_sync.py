@@ -61,17 +61,23 @@ def build(dtype_name, lora=True):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     dtype = getattr(torch, dtype_name)
-    config = Qwen2Config(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
-                         num_attention_heads=16, num_key_value_heads=4, tie_word_embeddings=False,
-                         max_position_embeddings=512)
+    config = Qwen2Config(
+        vocab_size=32000,
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+        max_position_embeddings=512,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).to(dtype)
     if not lora:  # the same base weights (same seed), no adapter
         return model
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS,
-                                                 init_lora_weights=False))
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS, init_lora_weights=False))
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "lora_B" in name:
@@ -120,8 +126,9 @@ def _floor_plan(model):
 
     base = model.get_base_model()
     layers = {f"{name}.base_layer.weight": m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
-    return [(key.replace(".base_layer", ""), tensor, layers.get(key))
-            for key, tensor in base.state_dict().items() if "lora_" not in key]
+    return [
+        (key.replace(".base_layer", ""), tensor, layers.get(key)) for key, tensor in base.state_dict().items() if "lora_" not in key
+    ]
 
 
 def sync_floor(model, receiver):
@@ -136,7 +143,7 @@ def sync_floor(model, receiver):
         flat = buffers.get(dtype)
         if flat is None or flat.numel() < rows * cols:
             flat = buffers[dtype] = torch.empty(rows * cols, dtype=dtype)
-        return flat[:rows * cols].view(rows, cols)
+        return flat[: rows * cols].view(rows, cols)
 
     def stream():
         for name, weight, layer in plan:
@@ -152,8 +159,8 @@ def sync_floor(model, receiver):
                 rows = max(1, (1 << 18) // weight.shape[1])
                 scratch = buffer(min(rows, weight.shape[0]), weight.shape[1], torch.float32)
                 for start in range(0, weight.shape[0], rows):
-                    part = scratch[:min(rows, weight.shape[0] - start)].copy_(weight[start:start + rows])
-                    out[start:start + rows].copy_(part.addmm_(weight_b[start:start + rows], weight_a))
+                    part = scratch[: min(rows, weight.shape[0] - start)].copy_(weight[start : start + rows])
+                    out[start : start + rows].copy_(part.addmm_(weight_b[start : start + rows], weight_a))
             yield name, out
 
     with torch.no_grad():
@@ -174,14 +181,18 @@ def sync_upstream(unwrapped_model, receiver):
     state_dict = unwrapped_model.state_dict()
     state_dict = {k.removeprefix("base_model.model.").replace(".base_layer", ""): v for k, v in state_dict.items()}
     state_dict = {k: v for k, v in state_dict.items() if unwrapped_model.prefix not in k}
-    state_dict = {k.replace("modules_to_save.default.", ""): v for k, v in state_dict.items()
-                  if "original_module" not in k}
+    state_dict = {k.replace("modules_to_save.default.", ""): v for k, v in state_dict.items() if "original_module" not in k}
     receiver.load_weights(state_dict.items())
     unwrapped_model.unmerge_adapter()
 
 
-SYNCS = {"plain (no LoRA)": sync_plain, "trl_compat": sync_trl_compat, FLOOR: sync_floor,
-         "deepcopy+merge": sync_deepcopy, "upstream 0.15.1": sync_upstream}
+SYNCS = {
+    "plain (no LoRA)": sync_plain,
+    "trl_compat": sync_trl_compat,
+    FLOOR: sync_floor,
+    "deepcopy+merge": sync_deepcopy,
+    "upstream 0.15.1": sync_upstream,
+}
 
 
 # Approaches measured in one process, interleaved sync by sync: the plain sync is the limit a LoRA
@@ -206,8 +217,9 @@ def worker(approaches, dtype_name, repeats):
         plain_expected = plain.state_dict()
     receiver = Receiver(expected if lora is not None else plain_expected)
     model_bytes = sum(t.numel() * t.element_size() for t in receiver.params.values())
-    merged_sizes = [t.numel() * t.element_size() for n, t in receiver.params.items()
-                    if n.endswith(tuple(f"{target}.weight" for target in TARGETS))]
+    merged_sizes = [
+        t.numel() * t.element_size() for n, t in receiver.params.items() if n.endswith(tuple(f"{target}.weight" for target in TARGETS))
+    ]
     largest = max(merged_sizes)
 
     def model_of(approach):
@@ -218,15 +230,19 @@ def worker(approaches, dtype_name, repeats):
         for approach in approaches:  # warm-up; also the "1 sync" drift point
             SYNCS[approach](model_of(approach), receiver)
             want = plain_expected if approach == "plain (no LoRA)" else expected
-            rows[approach] = dict(approach=approach, dtype=dtype_name, times=[], peaks=[],
-                                  received_exactly_merged=all(torch.equal(receiver.params[n], want[n]) for n in want),
-                                  received_max_ulps=max(_ulps(receiver.params[n], want[n]) for n in want),
-                                  drift1=None if approach == "plain (no LoRA)" else _drift(lora, base))
+            rows[approach] = dict(
+                approach=approach,
+                dtype=dtype_name,
+                times=[],
+                peaks=[],
+                received_exactly_merged=all(torch.equal(receiver.params[n], want[n]) for n in want),
+                received_max_ulps=max(_ulps(receiver.params[n], want[n]) for n in want),
+                drift1=None if approach == "plain (no LoRA)" else _drift(lora, base),
+            )
         for i in range(repeats):
             shift = i % len(approaches)
             for approach in approaches[shift:] + approaches[:shift]:
-                _, peak, seconds = _measure.peak_extra(
-                    lambda a=approach: SYNCS[a](model_of(a), receiver))
+                _, peak, seconds = _measure.peak_extra(lambda a=approach: SYNCS[a](model_of(a), receiver))
                 rows[approach]["times"].append(seconds)
                 rows[approach]["peaks"].append(peak)
         for approach in approaches:
@@ -234,9 +250,14 @@ def worker(approaches, dtype_name, repeats):
                 for _ in range(10 - 1 - repeats):
                     SYNCS[approach](lora, receiver)
     for approach, row in rows.items():
-        row.update(time_s=statistics.median(row["times"]), peak_extra_bytes=max(row.pop("peaks")),
-                   model_bytes=model_bytes, largest_merged_bytes=largest, merged_bytes=sum(merged_sizes),
-                   drift10=None if approach == "plain (no LoRA)" else _drift(lora, base))
+        row.update(
+            time_s=statistics.median(row["times"]),
+            peak_extra_bytes=max(row.pop("peaks")),
+            model_bytes=model_bytes,
+            largest_merged_bytes=largest,
+            merged_bytes=sum(merged_sizes),
+            drift10=None if approach == "plain (no LoRA)" else _drift(lora, base),
+        )
     return [rows[a] for a in approaches]
 
 
@@ -265,10 +286,21 @@ def _drift(model, base):
 def _run(approaches, dtype_name, repeats):
     # One thread: on a shared machine two OpenMP threads per op mostly measure how long each
     # parallel region waits for a second core, i.e. the number of ops, not the work they do.
-    env = dict(os.environ, **_measure.MALLOC_ENV, TRL_COMPAT_DISABLE="*", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, __file__, "--worker", ",".join(approaches), dtype_name, str(repeats)],
-                         env=env, capture_output=True, text=True, check=False)
+    env = dict(
+        os.environ,
+        **_measure.MALLOC_ENV,
+        TRL_COMPAT_DISABLE="*",
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    out = subprocess.run(
+        [sys.executable, __file__, "--worker", ",".join(approaches), dtype_name, str(repeats)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if out.returncode:
         raise RuntimeError(out.stderr[-4000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -276,17 +308,18 @@ def _run(approaches, dtype_name, repeats):
 
 def _reading_it(rows):
     """The hand-written reading of the table, with this run's numbers in it."""
+
     def row(dtype, approach):
         return next(r for r in rows if r["dtype"] == dtype and r["approach"] == approach)
 
     def ratios(approach):
-        return " and ".join(f"{row(d, approach)['time_s'] / row(d, 'plain (no LoRA)')['time_s']:.2f}x in {d}"
-                            for d in dtypes)
+        return " and ".join(f"{row(d, approach)['time_s'] / row(d, 'plain (no LoRA)')['time_s']:.2f}x in {d}" for d in dtypes)
 
     dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
     share = rows[0]["merged_bytes"] / rows[0]["model_bytes"]
-    inexact = [f"{d}: up to {row(d, FLOOR)['received_max_ulps']:.0f} ulp off" for d in dtypes
-               if not row(d, FLOOR)["received_exactly_merged"]]
+    inexact = [
+        f"{d}: up to {row(d, FLOOR)['received_max_ulps']:.0f} ulp off" for d in dtypes if not row(d, FLOOR)["received_exactly_merged"]
+    ]
     exact = [d for d in dtypes if row(d, FLOOR)["received_exactly_merged"]]
     return (
         "Reading it: the plain sync moves each byte of the model once (the receiver reads a tensor and "
@@ -303,9 +336,15 @@ def _reading_it(rows):
         "trl_compat is at "
         f"{ratios('trl_compat')}. The rest of its gap to the floor is PEFT's arithmetic, which the floor "
         "does not keep: PEFT rounds `B @ A`, then `* scaling`, then `W + delta`; fused, the sum is rounded "
-        "once" + (f" ({'; '.join(inexact)})" if inexact else "")
-        + (f"; in {' and '.join(exact)} the floor happened to give PEFT's bits, because this BLAS adds `W` "
-           "after the rank-16 sum, which no API promises" if exact else "") + ". "
+        "once"
+        + (f" ({'; '.join(inexact)})" if inexact else "")
+        + (
+            f"; in {' and '.join(exact)} the floor happened to give PEFT's bits, because this BLAS adds `W` "
+            "after the rank-16 sum, which no API promises"
+            if exact
+            else ""
+        )
+        + ". "
         "With a scaling that is a power of two above 1 (alpha = 2r, as here) trl_compat multiplies B "
         "(out x r) instead of the weight-sized product: PEFT's bits (trl_compat/_helpers/vllm_sync/fold.py gives the "
         "bounds on A and B that rule out overflow and subnormals; otherwise PEFT's order), one pass over "
@@ -402,13 +441,14 @@ def main():
         for r in (ours, next(r for r in mine if r["approach"] == FLOOR)):
             pairs = [a / b for a, b in zip(r["times"], plain["times"])]
             ratio = r["time_s"] / plain["time_s"]
-            verdicts.append(f"- {dtype_name}, {r['approach']}: {ratio:.2f}x (median of the per-round ratios "
-                            f"{statistics.median(pairs):.2f}x): {'met' if ratio <= TARGET else 'NOT met'}")
+            verdicts.append(
+                f"- {dtype_name}, {r['approach']}: {ratio:.2f}x (median of the per-round ratios "
+                f"{statistics.median(pairs):.2f}x): {'met' if ratio <= TARGET else 'NOT met'}"
+            )
     lines.append("")
     first = rows[0]
     lines += [
-        f"LoRA sync (trl_compat, and the fused floor) vs the plain sync of the same model, target <= {TARGET}x, "
-        "ratio of the medians:",
+        f"LoRA sync (trl_compat, and the fused floor) vs the plain sync of the same model, target <= {TARGET}x, ratio of the medians:",
         "",
         *verdicts,
         "",
@@ -426,7 +466,7 @@ def main():
     ]
     with open(args.out, "w") as fh:
         fh.write("\n".join(lines))
-    print("\n".join(lines[:lines.index("Raw results (seconds per repeat):")]))
+    print("\n".join(lines[: lines.index("Raw results (seconds per repeat):")]))
 
 
 if __name__ == "__main__":

@@ -27,8 +27,14 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-MODEL = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
-             num_key_value_heads=4, max_position_embeddings=256)
+MODEL = dict(
+    hidden_size=256,
+    intermediate_size=1024,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    max_position_embeddings=256,
+)
 BATCH, NEW_TOKENS, ROUNDS = 4, 32, 5
 
 
@@ -61,8 +67,7 @@ def worker(model_dir):
 
     rank = int(os.environ["RANK"])
     if trl_compat.status("zero3-unwrap") != trl_compat.APPLIED or not trl.__version__.startswith("0.15."):
-        raise SystemExit(f"needs trl 0.15.x with zero3-unwrap applied; got trl {trl.__version__}: "
-                         f"{trl_compat.report()}")
+        raise SystemExit(f"needs trl 0.15.x with zero3-unwrap applied; got trl {trl.__version__}: {trl_compat.report()}")
     ds_config = {
         "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
         "train_micro_batch_size_per_gpu": 1,
@@ -93,15 +98,14 @@ def worker(model_dir):
     times = {name: [] for name in variants}
     counts, tokens = {}, {}
     for round_ in range(ROUNDS + 1):  # round 0 warms up
-        for name, unwrap in (variants.items() if round_ % 2 else reversed(variants.items())):
+        for name, unwrap in variants.items() if round_ % 2 else reversed(variants.items()):
             torch.distributed.barrier()
             fetches[0] = zero3_worker.ALLGATHERS[0] = 0
             start = time.perf_counter()
             with unwrap(model, accelerator) as unwrapped:
                 hooks_inside = len(offload.forward_hooks)
                 with torch.no_grad():
-                    out = unwrapped.generate(**prompt, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                                             do_sample=False)
+                    out = unwrapped.generate(**prompt, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
             elapsed = time.perf_counter() - start
             if round_:
                 times[name].append(elapsed)
@@ -112,11 +116,22 @@ def worker(model_dir):
     params = sum(p.ds_numel for p in model.parameters())
     tensors = len(list(model.parameters()))
     if rank == 0:
-        print("BENCH|" + json.dumps(dict(
-            times=times, counts=counts, params=params, tensors=tensors, trl=trl.__version__,
-            deepspeed=deepspeed.__version__,
-            torch=torch.__version__, threads=torch.get_num_threads(),
-        )), flush=True)
+        print(
+            "BENCH|"
+            + json.dumps(
+                dict(
+                    times=times,
+                    counts=counts,
+                    params=params,
+                    tensors=tensors,
+                    trl=trl.__version__,
+                    deepspeed=deepspeed.__version__,
+                    torch=torch.__version__,
+                    threads=torch.get_num_threads(),
+                )
+            ),
+            flush=True,
+        )
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
@@ -135,18 +150,29 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = tiny.save_tiny(os.path.join(tmp, "model"), "qwen2", model=tiny.make_model("qwen2", **MODEL))
         env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               os.path.abspath(__file__), "--worker", model_dir]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            os.path.abspath(__file__),
+            "--worker",
+            model_dir,
+        ]
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("BENCH|")]
     if proc.returncode != 0 or not lines:
         sys.stdout.write(proc.stdout[-8000:])
         raise SystemExit(f"benchmark failed (exit status {proc.returncode})")
-    result = json.loads(lines[-1][len("BENCH|"):])
+    result = json.loads(lines[-1][len("BENCH|") :])
     upstream, ours = (statistics.median(result["times"][k]) for k in ("upstream", "ours"))
     up, us = result["counts"]["upstream"], result["counts"]["ours"]
-    header = ("| variant | ZeRO-3 hooks during generation | median time per call (s) "
-              "| DeepSpeed submodule fetches per call | all-gathers per call |")
+    header = (
+        "| variant | ZeRO-3 hooks during generation | median time per call (s) "
+        "| DeepSpeed submodule fetches per call | all-gathers per call |"
+    )
     rounds = {name: ", ".join(f"{t:.3f}" for t in result["times"][name]) for name in ("upstream", "ours")}
     report = f"""# ZeRO-3 generation: hooks removed (zero3-unwrap) vs left in place (TRL 0.15 early return)
 

@@ -8,6 +8,7 @@ one cell: set TRL_COMPAT_KEEP_ENVS=1 for that.
 
 usage: python matrix/discard_env.py ENV_DIR TOX_WORK_DIR
 """
+
 import os
 import shutil
 import sys

@@ -68,8 +68,7 @@ KNOWN = {
     "vllm-double-bos": lambda v, vs: _v(vs, "vllm") is not None and V("0.14.0") <= v < V("0.24.0"),
     # issue 13: FSDP1-only sync (PR #3687); in-process sync vs vLLM's V1 default (0.8) until V0's removal (0.11)
     "fsdp2-vllm-sync": lambda v, vs: _v(vs, "vllm") is not None and V("0.18.0") <= v < V("0.20.0"),
-    "vllm-v1-engine": lambda v, vs: (V("0.14.0") <= v < V("0.16.0")
-                                     and V("0.8.0") <= (_v(vs, "vllm") or V("0")) < V("0.11.0")),
+    "vllm-v1-engine": lambda v, vs: V("0.14.0") <= v < V("0.16.0") and V("0.8.0") <= (_v(vs, "vllm") or V("0")) < V("0.11.0"),
     # research/further-bugs.md S4, S5, C1, C3, C4, C5, C8 (issue 14)
     "logps-attention-mask": lambda v, vs: v == V("0.14.0"),
     "logps-temperature": lambda v, vs: V("0.14.0") <= v < V("0.16.0"),
@@ -82,8 +81,7 @@ KNOWN = {
     # TRL 0.20's model loading rewrite (PR #3072); model.warnings_issued[...] until PR #4960 (0.28.0)
     "transformers5-import": lambda v, vs: V("0.14.0") <= v < V("0.29.0") and _v(vs, "transformers") >= V("5.0.0"),
     "transformers5-use-cache": lambda v, vs: V("0.14.0") <= v < V("0.20.0") and _v(vs, "transformers") >= V("5.0.0"),
-    "transformers5-warnings-issued":
-        lambda v, vs: V("0.14.0") <= v < V("0.28.0") and _v(vs, "transformers") >= V("5.0.0"),
+    "transformers5-warnings-issued": lambda v, vs: V("0.14.0") <= v < V("0.28.0") and _v(vs, "transformers") >= V("5.0.0"),
 }
 
 # Main-branch commits (reporting X.dev0) around the windows' bounds, with what research found in their
@@ -97,72 +95,130 @@ KNOWN = {
 # PR is used, not its cherry-pick on a release branch (#3568: 1a6717661 on v0.18-release; #3651:
 # 7dbf4777b on v0.19-release) nor the PR branch's own copy (#3290: 72dfae89b, the commit pad_token.py names,
 # is on no branch of TRL's history; main's is 1faa7f9b3).
-_EARLY_015 = {"logps-attention-mask": True, "logps-temperature": True, "peft-gradient-checkpointing": True,
-              "pad-token": True, "reward-model-zero3": True, "dataloader-workers": True}
+_EARLY_015 = {
+    "logps-attention-mask": True,
+    "logps-temperature": True,
+    "peft-gradient-checkpointing": True,
+    "pad-token": True,
+    "reward-model-zero3": True,
+    "dataloader-workers": True,
+}
 _LATE_015 = {**_EARLY_015, "logps-attention-mask": False}
-_016 = {"logps-temperature": True, "peft-gradient-checkpointing": True, "pad-token": True, "reward-model-zero3": True,
-        "resume-buffered-inputs": False, "dataloader-workers": True}
+_016 = {
+    "logps-temperature": True,
+    "peft-gradient-checkpointing": True,
+    "pad-token": True,
+    "reward-model-zero3": True,
+    "resume-buffered-inputs": False,
+    "dataloader-workers": True,
+}
 _016_GC = {**_016, "peft-gradient-checkpointing": False}  # after PR #2848
 _016_BUF = {**_016_GC, "resume-buffered-inputs": True}  # after PR #2899
 _016_TEMP = {**_016_BUF, "logps-temperature": False}  # after PR #3029
 _017 = {"pad-token": True, "reward-model-zero3": True, "resume-buffered-inputs": True, "dataloader-workers": True}
 COMMITS = [
-    ("ab30a01ba", "0.15.0.dev0 before PR #2694 (grpo-eval-0.14 fix)",
-     {**_EARLY_015, "grpo-eval-0.14": True, "vllm-lora-names": True}),
-    ("fecaa991d", "PR #2694: prediction_step added",
-     {**_EARLY_015, "grpo-eval-0.14": False, "vllm-lora-names": True}),
-    ("6e088d165", "0.15.0.dev0 before PR #2708 (attention-mask fix): model(input_ids, logits_to_keep=...), no mask",
-     {**_EARLY_015, "logps-attention-mask": True, "vllm-lora-names": True}),
-    ("bbdd6db17", "PR #2708: the log-prob forwards get attention_mask",
-     {**_LATE_015, "logps-attention-mask": False, "vllm-lora-names": True}),
-    ("7347c292c", "0.15.0.dev0 before PR #2725 (PEFT names fix)",
-     {**_LATE_015, "vllm-lora-names": True, "vllm-merged-weights": False}),
-    ("81221661c", "PR #2725: PEFT names stripped, unmerge before load",
-     {**_LATE_015, "vllm-lora-names": False, "vllm-merged-weights": True}),
-    ("ffcb9f4ae", "0.16.0.dev0 version bump (no num_iterations buffer yet: resume-buffered-inputs' window, no bug)",
-     {**_016, "vllm-prefix-cache": True, "vllm-merged-weights": True}),
+    ("ab30a01ba", "0.15.0.dev0 before PR #2694 (grpo-eval-0.14 fix)", {**_EARLY_015, "grpo-eval-0.14": True, "vllm-lora-names": True}),
+    ("fecaa991d", "PR #2694: prediction_step added", {**_EARLY_015, "grpo-eval-0.14": False, "vllm-lora-names": True}),
+    (
+        "6e088d165",
+        "0.15.0.dev0 before PR #2708 (attention-mask fix): model(input_ids, logits_to_keep=...), no mask",
+        {**_EARLY_015, "logps-attention-mask": True, "vllm-lora-names": True},
+    ),
+    (
+        "bbdd6db17",
+        "PR #2708: the log-prob forwards get attention_mask",
+        {**_LATE_015, "logps-attention-mask": False, "vllm-lora-names": True},
+    ),
+    (
+        "7347c292c",
+        "0.15.0.dev0 before PR #2725 (PEFT names fix)",
+        {**_LATE_015, "vllm-lora-names": True, "vllm-merged-weights": False},
+    ),
+    (
+        "81221661c",
+        "PR #2725: PEFT names stripped, unmerge before load",
+        {**_LATE_015, "vllm-lora-names": False, "vllm-merged-weights": True},
+    ),
+    (
+        "ffcb9f4ae",
+        "0.16.0.dev0 version bump (no num_iterations buffer yet: resume-buffered-inputs' window, no bug)",
+        {**_016, "vllm-prefix-cache": True, "vllm-merged-weights": True},
+    ),
     ("ba036576d", "0.16.0.dev0 before PR #2873 (merged-weights fix)", {**_016, "vllm-merged-weights": True}),
     ("822653824", "PR #2873: unmerge after load", {**_016, "vllm-merged-weights": False, "vllm-prefix-cache": True}),
-    ("15fec312d", "0.16.0.dev0 before PR #2848 (gradient checkpointing): no enable_input_require_grads",
-     {**_016, "peft-gradient-checkpointing": True}),
+    (
+        "15fec312d",
+        "0.16.0.dev0 before PR #2848 (gradient checkpointing): no enable_input_require_grads",
+        {**_016, "peft-gradient-checkpointing": True},
+    ),
     ("9b3c5bf64", "PR #2848: _enable_gradient_checkpointing", {**_016_GC, "peft-gradient-checkpointing": False}),
-    ("a92e00e81", "0.16.0.dev0 before PR #2899 (num_iterations, which brought the resume bug): no buffer",
-     {**_016_GC, "resume-buffered-inputs": False}),
+    (
+        "a92e00e81",
+        "0.16.0.dev0 before PR #2899 (num_iterations, which brought the resume bug): no buffer",
+        {**_016_GC, "resume-buffered-inputs": False},
+    ),
     ("e5ae703d3", "PR #2899: _buffered_inputs reused without a None check", {**_016_BUF, "resume-buffered-inputs": True}),
     ("ad6a35bdd", "PR #2871: unwraps model_wrapped", {**_016_BUF, "zero3-unwrap": False}),
-    ("e3244d2d0", "0.16.0.dev0 before PR #3029 (temperature fix): log-probs at temperature 1",
-     {**_016_BUF, "logps-temperature": True}),
+    (
+        "e3244d2d0",
+        "0.16.0.dev0 before PR #3029 (temperature fix): log-probs at temperature 1",
+        {**_016_BUF, "logps-temperature": True},
+    ),
     ("04f659737", "PR #3029: logits divided by the temperature", {**_016_TEMP, "logps-temperature": False}),
     ("a34987956", "0.16.0.dev0 before PR #3094 (prefix-cache reset)", {**_016_TEMP, "vllm-prefix-cache": True}),
     ("f713f614e", "PR #3094: vLLM server, cache reset after each sync", {**_016_TEMP, "vllm-prefix-cache": False}),
     ("2594cb39d", "0.17.0.dev0 before PR #3148 (resume fix)", {**_017, "resume-buffered-inputs": True}),
     ("488025cd8", "PR #3148: generates when the buffered slot is None", {**_017, "resume-buffered-inputs": False}),
-    ("66e6eab9b", "0.17.0.dev0 before PR #3290 (pad-token fix)",
-     {**_017, "pad-token": True, "resume-buffered-inputs": False}),
-    ("1faa7f9b3", "PR #3290 (main's commit): pad_token = eos_token",
-     {**_017, "pad-token": False, "resume-buffered-inputs": False}),
-    ("f3e8c2304", "0.17.0.dev0 before PR #3326 (reward model under ZeRO-3)",
-     {**_017, "reward-model-zero3": True, "resume-buffered-inputs": False, "pad-token": False}),
-    ("89556c8cb", "PR #3326: reward models prepared with prepare_deepspeed",
-     {"reward-model-zero3": False, "resume-buffered-inputs": False, "pad-token": False, "dataloader-workers": True}),
-    ("280d35301", "0.18.0.dev0 before PR #3394 (colocate mode, which brought the FSDP1-only sync)",
-     {"fsdp2-vllm-sync": False, "dataloader-workers": True}),
-    ("18596cf23", "PR #3394: _sync_fsdp_params_to_vllm, FSDP1 modules only",
-     {"fsdp2-vllm-sync": True, "dataloader-workers": True}),
-    ("3d077fd3d", "0.19.0.dev0 before PR #3568 (dataloader workers): bare seed_worker, local collator",
-     {"dataloader-workers": True, "fsdp2-vllm-sync": True}),
-    ("15ff54790", "PR #3568 (main's commit): partial(seed_worker, ...), module-level identity",
-     {"dataloader-workers": False, "fsdp2-vllm-sync": True}),
+    ("66e6eab9b", "0.17.0.dev0 before PR #3290 (pad-token fix)", {**_017, "pad-token": True, "resume-buffered-inputs": False}),
+    ("1faa7f9b3", "PR #3290 (main's commit): pad_token = eos_token", {**_017, "pad-token": False, "resume-buffered-inputs": False}),
+    (
+        "f3e8c2304",
+        "0.17.0.dev0 before PR #3326 (reward model under ZeRO-3)",
+        {**_017, "reward-model-zero3": True, "resume-buffered-inputs": False, "pad-token": False},
+    ),
+    (
+        "89556c8cb",
+        "PR #3326: reward models prepared with prepare_deepspeed",
+        {"reward-model-zero3": False, "resume-buffered-inputs": False, "pad-token": False, "dataloader-workers": True},
+    ),
+    (
+        "280d35301",
+        "0.18.0.dev0 before PR #3394 (colocate mode, which brought the FSDP1-only sync)",
+        {"fsdp2-vllm-sync": False, "dataloader-workers": True},
+    ),
+    ("18596cf23", "PR #3394: _sync_fsdp_params_to_vllm, FSDP1 modules only", {"fsdp2-vllm-sync": True, "dataloader-workers": True}),
+    (
+        "3d077fd3d",
+        "0.19.0.dev0 before PR #3568 (dataloader workers): bare seed_worker, local collator",
+        {"dataloader-workers": True, "fsdp2-vllm-sync": True},
+    ),
+    (
+        "15ff54790",
+        "PR #3568 (main's commit): partial(seed_worker, ...), module-level identity",
+        {"dataloader-workers": False, "fsdp2-vllm-sync": True},
+    ),
     # PR #3601's pair: its patch (vllm-prompt-truncation) needs vLLM, absent here; checks the others in window.
-    ("8bad863ff", "0.19.0.dev0 before PR #3601 (vLLM prompt truncation; not judged: no vLLM in the base)",
-     {"dataloader-workers": False, "fsdp2-vllm-sync": True, "logits-to-keep": True}),
-    ("b0958c6f8", "PR #3601: truncated ids re-decoded for vLLM (vllm-gated patches not judged: no vLLM)",
-     {"dataloader-workers": False, "fsdp2-vllm-sync": True, "logits-to-keep": True}),
+    (
+        "8bad863ff",
+        "0.19.0.dev0 before PR #3601 (vLLM prompt truncation; not judged: no vLLM in the base)",
+        {"dataloader-workers": False, "fsdp2-vllm-sync": True, "logits-to-keep": True},
+    ),
+    (
+        "b0958c6f8",
+        "PR #3601: truncated ids re-decoded for vLLM (vllm-gated patches not judged: no vLLM)",
+        {"dataloader-workers": False, "fsdp2-vllm-sync": True, "logits-to-keep": True},
+    ),
     ("32df09358", "0.20.0.dev0 with 0.19's code, before PR #3563", {"logits-to-keep": True, "fsdp2-vllm-sync": True}),
-    ("7e8ef867a", "PR #3563: _get_per_token_logps_and_entropies (also the parent of PR #3651's main commit)",
-     {"logits-to-keep": False, "fsdp2-vllm-sync": True}),
-    ("79ec242ae", "PR #3651 on main (0.19.1's 7dbf4777b): special tokens kept (vllm-gated: not judged, no vLLM)",
-     {"fsdp2-vllm-sync": True, "logits-to-keep": False}),
+    (
+        "7e8ef867a",
+        "PR #3563: _get_per_token_logps_and_entropies (also the parent of PR #3651's main commit)",
+        {"logits-to-keep": False, "fsdp2-vllm-sync": True},
+    ),
+    (
+        "79ec242ae",
+        "PR #3651 on main (0.19.1's 7dbf4777b): special tokens kept (vllm-gated: not judged, no vLLM)",
+        {"fsdp2-vllm-sync": True, "logits-to-keep": False},
+    ),
     ("303d3b1d6", "0.20.0.dev0 before PR #3687 (FSDP2 sync)", {"fsdp2-vllm-sync": True}),
     ("5522cc0a3", "PR #3687: _sync_fsdp2_params_to_vllm", {"fsdp2-vllm-sync": False}),
 ]
@@ -214,8 +270,18 @@ BASES = {
     # rich: a core requirement of trl 0.14-0.17 that the newer pins lack
     # the vLLM stand-in: the main-branch rows check the vLLM patches' probes, which need vllm installed
     "tf4.53": lambda: pins("trl0.19.1-tf4.53.3") + ["deepspeed==0.16.4", "rich", str(ROOT / "tests" / "vllm_standin" / "v0.9.1")],
-    "tf4.57": lambda: ["torch==2.13.0", "transformers==4.57.6", "accelerate", "datasets", "peft",
-                       "deepspeed==0.19.8", "pytest", "wrapt", "packaging", "rich"],
+    "tf4.57": lambda: [
+        "torch==2.13.0",
+        "transformers==4.57.6",
+        "accelerate",
+        "datasets",
+        "peft",
+        "deepspeed==0.19.8",
+        "pytest",
+        "wrapt",
+        "packaging",
+        "rich",
+    ],
     "tf5": lambda: pins("trl-newest") + ["rich"],
 }
 
@@ -242,8 +308,7 @@ def wheel_requirements(wheel):
     with zipfile.ZipFile(wheel) as zf:
         meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
         text = zf.read(meta).decode()
-    reqs = [Requirement(line.split(":", 1)[1].strip()) for line in text.splitlines()
-            if line.startswith("Requires-Dist:")]
+    reqs = [Requirement(line.split(":", 1)[1].strip()) for line in text.splitlines() if line.startswith("Requires-Dist:")]
     return [r for r in reqs if not r.marker or r.marker.evaluate({"extra": ""})]
 
 
@@ -269,8 +334,21 @@ def sweep_one(work, version):
     wheels.mkdir(exist_ok=True)
     found = list(wheels.glob(f"trl-{version}-*.whl"))
     if not found:
-        run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
-             "-d", str(wheels), f"trl=={version}"])
+        run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--only-binary",
+                ":all:",
+                "-d",
+                str(wheels),
+                f"trl=={version}",
+            ]
+        )
         found = list(wheels.glob(f"trl-{version}-*.whl"))
     reqs = wheel_requirements(found[0])
     base = choose_base(work, version, reqs)
@@ -285,9 +363,15 @@ def check(python, version, base):
     proc = subprocess.run([str(python), "-c", CHECK], text=True, capture_output=True, env=env, timeout=600)
     line = next((out for out in proc.stdout.splitlines() if out.startswith("SWEEP-JSON ")), None)
     if line is None:
-        return {"version": version, "base": base, "crash": f"checker died (rc {proc.returncode}): {proc.stderr[-800:]}",
-                "imports": {}, "report": [], "versions": {}}
-    data = json.loads(line[len("SWEEP-JSON "):])
+        return {
+            "version": version,
+            "base": base,
+            "crash": f"checker died (rc {proc.returncode}): {proc.stderr[-800:]}",
+            "imports": {},
+            "report": [],
+            "versions": {},
+        }
+    data = json.loads(line[len("SWEEP-JSON ") :])
     data.update(version=version, base=base)
     return data
 
@@ -297,8 +381,7 @@ def sweep_commit(work, git, commit):
     src = work / "src" / commit
     if not (src / "setup.py").exists() and not (src / "pyproject.toml").exists():
         src.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(["git", "--git-dir", git, "archive", "--format=tar", commit],
-                                 check=True, capture_output=True).stdout
+        archive = subprocess.run(["git", "--git-dir", git, "archive", "--format=tar", commit], check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
     dev = V(re.search(r'__version__ = "([^"]+)"', (src / "trl" / "__init__.py").read_text()).group(1))
     python = base_python(work, choose_base(work, dev, []))
@@ -357,7 +440,7 @@ def write(rows, output, seconds, commits_note):
         f"**{crashes} crashes, {wrong} wrong applications.** A wrong application is a patch applied to a release",
         "outside the window where research found its bug (for a main-branch build `X.devN@commit`: the windows of",
         "X.devN and of X), or a patch the commit's entry lists (`COMMITS` in the script) whose status differs from what",
-        "research found in that code (for an opt-in patch, off in the sweep, \"disabled\" is how it finds the bug).",
+        'research found in that code (for an opt-in patch, off in the sweep, "disabled" is how it finds the bug).',
         "Short statuses: A applied, - not needed, P pending",
         "(its module did not import), U undecided, ? unknown version, M target missing, F failed, D disabled.",
         "",
@@ -366,8 +449,17 @@ def write(rows, output, seconds, commits_note):
         "| trl | base (transformers) | grpo import | " + " | ".join(f"`{i}`" for i in ids) + " | flags |",
         "|---|---|---|" + "---|" * len(ids) + "---|",
     ]
-    short = {"applied": "A", "not needed": "-", "pending": "P", "undecided": "U", "unknown version": "?",
-             "target missing": "M", "failed": "F", "disabled": "D", "reverted": "R"}
+    short = {
+        "applied": "A",
+        "not needed": "-",
+        "pending": "P",
+        "undecided": "U",
+        "unknown version": "?",
+        "target missing": "M",
+        "failed": "F",
+        "disabled": "D",
+        "reverted": "R",
+    }
     for row in rows:
         status = {rec["id"]: rec["status"] for rec in row["report"]}
         grpo = row["imports"].get("trl.trainer.grpo_trainer", "-")
@@ -377,8 +469,12 @@ def write(rows, output, seconds, commits_note):
             + " | ".join(short.get(status.get(i), status.get(i, "")) for i in ids)
             + f" | {', '.join(judge(row)) or 'ok'} |"
         )
-    notes = [(row["version"], rec["id"], rec["status"], rec["reason"]) for row in rows for rec in row["report"]
-             if rec["status"] in ("undecided", "target missing", "failed", "unknown version")]
+    notes = [
+        (row["version"], rec["id"], rec["status"], rec["reason"])
+        for row in rows
+        for rec in row["report"]
+        if rec["status"] in ("undecided", "target missing", "failed", "unknown version")
+    ]
     if notes:
         lines += ["", "## Patches that could not decide or apply", ""]
         lines += [f"- trl {v} `{pid}`: {st}: {reason}" for v, pid, st, reason in notes]
@@ -405,8 +501,10 @@ def main():
     if git is not None and (git / ".git").exists():
         git = git / ".git"
     if git is None:
-        note = (f"The {len(COMMITS)} main-branch commits in `COMMITS` were skipped: no `--trl-git` "
-                "(a clone of TRL's git history) was given.")
+        note = (
+            f"The {len(COMMITS)} main-branch commits in `COMMITS` were skipped: no `--trl-git` "
+            "(a clone of TRL's git history) was given."
+        )
         print("sweep: " + note, flush=True)
     else:
         note = f"The {len(COMMITS)} main-branch commits in `COMMITS` were built from a clone of TRL's git history."
@@ -416,8 +514,12 @@ def main():
     for job, arg in jobs:
         row = job(work, arg) if job is sweep_one else job(work, str(git), arg)
         rows.append(row)
-        print(f"trl {row['version']:>8} [{row['base']}]: "
-              + " ".join(f"{r['id']}={r['status']}" for r in row["report"]) + f"  {judge(row) or ''}", flush=True)
+        print(
+            f"trl {row['version']:>8} [{row['base']}]: "
+            + " ".join(f"{r['id']}={r['status']}" for r in row["report"])
+            + f"  {judge(row) or ''}",
+            flush=True,
+        )
     return write(rows, args.output, time.time() - t0, note)
 
 

@@ -80,14 +80,19 @@ def _under(path, config, prefixes):
 
 def runs_only_here(item):
     """A stack-free test in the env that runs them: it runs in no other."""
-    return (chosen_tests(item.config) == "cell+stack-free" and _under(item.path, item.config, STACK_FREE)
-            and item.get_closest_marker("every_cell") is None)
+    return (
+        chosen_tests(item.config) == "cell+stack-free"
+        and _under(item.path, item.config, STACK_FREE)
+        and item.get_closest_marker("every_cell") is None
+    )
 
 
 def pytest_configure(config):
     chosen_tests(config)
-    config.addinivalue_line("markers", "every_cell: in a STACK_FREE file (tests/conftest.py), a test that reads "
-                                       "the installed stack and so runs in every matrix cell")
+    config.addinivalue_line(
+        "markers",
+        "every_cell: in a STACK_FREE file (tests/conftest.py), a test that reads the installed stack and so runs in every matrix cell",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -100,8 +105,11 @@ def pytest_collection_modifyitems(config, items):
             return chosen == "package"
         if chosen == "package":
             return False
-        return (chosen == "cell+stack-free" or not _under(item.path, config, STACK_FREE)
-                or item.get_closest_marker("every_cell") is not None)
+        return (
+            chosen == "cell+stack-free"
+            or not _under(item.path, config, STACK_FREE)
+            or item.get_closest_marker("every_cell") is not None
+        )
 
     keep = [item for item in items if wanted(item)]
     if len(keep) != len(items):
@@ -109,9 +117,11 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
-NOT_RUN_ELSEWHERE = ("{what} is stack-free (tests/conftest.py STACK_FREE), so it runs in this env only, "
-                     "but it was skipped here ({why}): mark the test @pytest.mark.every_cell if it needs "
-                     "the installed stack, or make it run here")
+NOT_RUN_ELSEWHERE = (
+    "{what} is stack-free (tests/conftest.py STACK_FREE), so it runs in this env only, "
+    "but it was skipped here ({why}): mark the test @pytest.mark.every_cell if it needs "
+    "the installed stack, or make it run here"
+)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -128,8 +138,12 @@ def pytest_runtest_makereport(item, call):
 def pytest_make_collect_report(collector):
     outcome = yield
     report = outcome.get_result()
-    if (report.skipped and isinstance(collector, pytest.Module) and chosen_tests(collector.config) == "cell+stack-free"
-            and _under(collector.path, collector.config, STACK_FREE)):
+    if (
+        report.skipped
+        and isinstance(collector, pytest.Module)
+        and chosen_tests(collector.config) == "cell+stack-free"
+        and _under(collector.path, collector.config, STACK_FREE)
+    ):
         why = report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
         report.longrepr = NOT_RUN_ELSEWHERE.format(what=collector.nodeid, why=why)

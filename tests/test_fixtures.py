@@ -84,7 +84,7 @@ def test_varying_reward_varies():
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         out = model.generate(**enc, max_new_tokens=8, do_sample=True, pad_token_id=tok.pad_token_id)
-    completions = tok.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
+    completions = tok.batch_decode(out[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
     rewards = tiny.varying_reward(prompts=[""] * 8, completions=completions)
     assert len(set(rewards)) > 1
     assert rewards == tiny.varying_reward([""] * 8, completions)  # deterministic
@@ -160,8 +160,14 @@ def test_standin_loads_plain_state_dict(arch):
     expected = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
     for i in layers:
         p = f"model.layers.{i}."
-        expected |= {p + "self_attn.qkv_proj.weight", p + "self_attn.o_proj.weight", p + "mlp.gate_up_proj.weight",
-                     p + "mlp.down_proj.weight", p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
+        expected |= {
+            p + "self_attn.qkv_proj.weight",
+            p + "self_attn.o_proj.weight",
+            p + "mlp.gate_up_proj.weight",
+            p + "mlp.down_proj.weight",
+            p + "input_layernorm.weight",
+            p + "post_attention_layernorm.weight",
+        }
         if arch == "qwen2":
             expected.add(p + "self_attn.qkv_proj.bias")
     assert loaded == expected
@@ -172,7 +178,7 @@ def test_standin_loads_plain_state_dict(arch):
     # really packed: rows q, k, v and gate, up
     qkv = packed.model.layers[0].self_attn.qkv_proj.weight
     q, k = reference["model.layers.0.self_attn.q_proj.weight"], reference["model.layers.0.self_attn.k_proj.weight"]
-    assert torch.equal(qkv[: q.shape[0]], q) and torch.equal(qkv[q.shape[0]: q.shape[0] + k.shape[0]], k)
+    assert torch.equal(qkv[: q.shape[0]], q) and torch.equal(qkv[q.shape[0] : q.shape[0] + k.shape[0]], k)
     assert qkv.shape[0] == q.shape[0] + 2 * k.shape[0]
     assert packed.model.layers[0].mlp.gate_up_proj.weight.shape[0] == 2 * hf.config.intermediate_size
     # rotary inv_freq is skipped silently
@@ -198,8 +204,11 @@ def test_standin_rejects_wrong_shapes():
         packed.load_weights([("model.layers.0.self_attn.q_proj.weight", q[:64])])
     with pytest.raises(AssertionError):
         packed.load_weights([("model.layers.0.self_attn.q_proj.weight", q[:, :64])])
-    with pytest.raises(AssertionError, match=r"Attempted to load weight \(torch.Size\(\[64\]\)\) into parameter "
-                                             r"\(torch.Size\(\[128\]\)\)"):
+    with pytest.raises(
+        AssertionError,
+        match=r"Attempted to load weight \(torch.Size\(\[64\]\)\) into parameter "
+        r"\(torch.Size\(\[128\]\)\)",
+    ):
         packed.load_weights([("model.norm.weight", torch.ones(64))])
     with pytest.raises(AssertionError):  # vocab rows must match org_vocab_size
         packed.load_weights([("model.embed_tokens.weight", sd["model.embed_tokens.weight"][:500])])
@@ -265,7 +274,7 @@ def test_standin_llm_generates_with_loaded_weights(tmp_path):
 
     def hf_greedy(model):
         out = model.generate(prompt_ids, max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=1)
-        ids = out[0, prompt_ids.shape[1]:].tolist()
+        ids = out[0, prompt_ids.shape[1] :].tolist()
         return ids[: ids.index(1) + 1] if 1 in ids else ids
 
     greedy = SamplingParams(temperature=0.0, max_tokens=6)

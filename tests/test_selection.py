@@ -26,8 +26,14 @@ def pytest_run(*args, tests=None, extra_env=None):
     if tests is not None:
         env["TRL_COMPAT_TESTS"] = tests
     env.update(extra_env or {})
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def collected(tests):
@@ -61,8 +67,9 @@ def test_an_unknown_value_is_refused():
 
 @pytest.mark.parametrize("tests, failed", [("cell+stack-free", True), ("all", False)])
 def test_a_stack_free_test_that_skips_in_its_only_env_fails(tmp_path, tests, failed):
-    (tmp_path / "skip_every_test.py").write_text("import pytest\n\n\ndef pytest_runtest_setup(item):\n"
-                                                 "    pytest.skip('skipped by the test')\n")
+    (tmp_path / "skip_every_test.py").write_text(
+        "import pytest\n\n\ndef pytest_runtest_setup(item):\n    pytest.skip('skipped by the test')\n"
+    )
     extra = {"PYTHONPATH": os.pathsep.join([str(tmp_path)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
     out = pytest_run("-q", "-p", "skip_every_test", STACK_FREE_FILE, tests=tests, extra_env=extra)
     if failed:

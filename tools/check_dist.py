@@ -93,8 +93,7 @@ def check_sdist(path, problems):
         members = tf.getnames()
         top = members[0].split("/")[0]
         names = {m.split("/", 1)[1] for m in members if "/" in m}
-        check_metadata(email.message_from_bytes(tf.extractfile(f"{top}/PKG-INFO").read()),
-                       os.path.basename(path), problems)
+        check_metadata(email.message_from_bytes(tf.extractfile(f"{top}/PKG-INFO").read()), os.path.basename(path), problems)
     wanted = set(SDIST_FILES) | tree_files("tests") | tree_files("trl_compat", (".py",))
     wanted |= {f"{SITE_FILES_DIR}/{n}".replace(os.sep, "/") for n in SITE_FILES}
     missing = wanted - names

@@ -38,9 +38,25 @@ from trl_compat.patches import GRPO_MODULE, PATCHES
 __version__ = "0.1.0"
 
 __all__ = [
-    "APPLIED", "CONFLICT", "DISABLED", "FAILED", "NOT_NEEDED", "PENDING", "REVERTED", "TARGET_MISSING",
-    "UNDECIDED", "UNKNOWN_VERSION", "Patch", "PatchStatus", "TrlCompatError", "applied",
-    "install", "report", "revert", "status", "__version__",
+    "APPLIED",
+    "CONFLICT",
+    "DISABLED",
+    "FAILED",
+    "NOT_NEEDED",
+    "PENDING",
+    "REVERTED",
+    "TARGET_MISSING",
+    "UNDECIDED",
+    "UNKNOWN_VERSION",
+    "Patch",
+    "PatchStatus",
+    "TrlCompatError",
+    "applied",
+    "install",
+    "report",
+    "revert",
+    "status",
+    "__version__",
 ]
 
 

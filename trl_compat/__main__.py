@@ -79,13 +79,21 @@ def trl_range(version: Optional[str], has_grpo: bool) -> dict:
     elif parsed is None:
         found.update(where="unreadable", note=f"trl {version}: not a version trl_compat can read")
     elif not has_grpo or parsed.key() < _key(OLDEST_KNOWN_TRL):
-        found.update(where="older", note=(
-            f"trl {version} is outside the releases trl_compat knows ({known}): it has no GRPOTrainer "
-            f"(added in {OLDEST_KNOWN_TRL}), so every patch says 'not needed'"))
+        found.update(
+            where="older",
+            note=(
+                f"trl {version} is outside the releases trl_compat knows ({known}): it has no GRPOTrainer "
+                f"(added in {OLDEST_KNOWN_TRL}), so every patch says 'not needed'"
+            ),
+        )
     elif parsed.key() > _key(NEWEST_KNOWN_TRL):
-        found.update(where="newer", note=(
-            f"trl {version} is newer than the newest release trl_compat knows ({NEWEST_KNOWN_TRL}): 'not needed' "
-            "only means no known bug's window holds it; bugs of later releases are not covered"))
+        found.update(
+            where="newer",
+            note=(
+                f"trl {version} is newer than the newest release trl_compat knows ({NEWEST_KNOWN_TRL}): 'not needed' "
+                "only means no known bug's window holds it; bugs of later releases are not covered"
+            ),
+        )
     return found
 
 
@@ -122,8 +130,7 @@ def render(data: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="trl-compat", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="trl-compat", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--version", action="version", version=f"%(prog)s {trl_compat.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="{report,run}")
@@ -131,11 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
     # SUPPRESS: `trl-compat --json report` must keep the --json given before the command.
     report.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print the report as JSON")
     run = commands.add_parser(
-        "run", help="run a command with trl_compat active in every Python process it starts",
+        "run",
+        help="run a command with trl_compat active in every Python process it starts",
         description="Run CMD with trl_compat active in it and in every Python process it starts on this "
-                    "node (accelerate launch, torchrun, deepspeed, trl, multiprocessing): a sitecustomize "
-                    "put first on PYTHONPATH imports trl_compat at start-up.",
-        usage="trl-compat run -- CMD [ARGS...]")
+        "node (accelerate launch, torchrun, deepspeed, trl, multiprocessing): a sitecustomize "
+        "put first on PYTHONPATH imports trl_compat at start-up.",
+        usage="trl-compat run -- CMD [ARGS...]",
+    )
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD [ARGS...]", help="the command to run")
     return parser
 

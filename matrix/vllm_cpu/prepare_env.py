@@ -43,8 +43,7 @@ def main() -> int:
         print("vllm-cpu-real: vllm is not installed in this venv", file=sys.stderr)
         return 1
     extension = pathlib.Path(spec.origin).parent / "_C.abi3.so"
-    subprocess.run([sys.executable, str(HERE / "weaken_elf_version_need.py"), str(extension), "GLIBCXX_3.4.32"],
-                   check=True)
+    subprocess.run([sys.executable, str(HERE / "weaken_elf_version_need.py"), str(extension), "GLIBCXX_3.4.32"], check=True)
     env = dict(os.environ, VLLM_USE_V1="0")
     return subprocess.run([sys.executable, "-c", SMOKE], env=env).returncode
 

@@ -55,8 +55,21 @@ def main(argv: list[str]) -> int:
         if run([sys.executable, "matrix/cell_report.py", str(results / f"{cell}.json")], env):
             failed.append(f"{cell} (report)")
         tests = (ENGINE_TESTS if index == 0 else []) + TRL_TESTS
-        code = run([sys.executable, "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider", "-rfEs",
-                    f"--junitxml={results / f'{cell}.xml'}", *extra], env)
+        code = run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                *tests,
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-rfEs",
+                f"--junitxml={results / f'{cell}.xml'}",
+                *extra,
+            ],
+            env,
+        )
         if code not in (0, 5):  # 5: every test deselected by -k
             failed.append(f"{cell} (pytest exit {code})")
     print("vllm-cpu-real:", "failed: " + ", ".join(failed) if failed else f"{len(chosen)} TRL releases green")

@@ -27,12 +27,13 @@ SHT_GNU_VERNEED, SHT_GNU_VERSYM = 0x6FFFFFFE, 0x6FFFFFFF
 
 
 def _sections(data: bytes) -> list[dict]:
-    shoff, = struct.unpack_from("<Q", data, 0x28)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
     out = []
     for i in range(shnum):
         _name, typ, _flags, _addr, offset, size, link, info, _align, _entsize = struct.unpack_from(
-            "<IIQQQQIIQQ", data, shoff + i * shentsize)
+            "<IIQQQQIIQQ", data, shoff + i * shentsize
+        )
         out.append(dict(type=typ, offset=offset, size=size, link=link, info=info))
     return out
 
@@ -47,7 +48,7 @@ def _versions_used_by_relocations(data: bytes, sections: list[dict]) -> set[int]
             continue
         entsize = 24 if sec["type"] == SHT_RELA else 16
         for i in range(sec["size"] // entsize):
-            r_info, = struct.unpack_from("<Q", data, sec["offset"] + i * entsize + 8)
+            (r_info,) = struct.unpack_from("<Q", data, sec["offset"] + i * entsize + 8)
             symbol = r_info >> 32
             if symbol:
                 used.add(struct.unpack_from("<H", data, versym["offset"] + 2 * symbol)[0] & 0x7FFF)
@@ -67,7 +68,7 @@ def weaken(path: str, names: set[str]) -> list[str]:
 
     def string(offset: int) -> str:
         start = strtab["offset"] + offset
-        return bytes(data[start:data.index(b"\0", start)]).decode()
+        return bytes(data[start : data.index(b"\0", start)]).decode()
 
     used = _versions_used_by_relocations(data, sections)
     messages, seen = [], set()

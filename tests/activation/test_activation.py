@@ -53,15 +53,16 @@ PTH_INSTALLED = bool(activation.installed_site_files())
 needs_pth = pytest.mark.skipif(
     not PTH_INSTALLED,
     reason="trl_compat.pth is not in this interpreter's site-packages (a source-tree or editable install); "
-           "tox installs the wheel, which has it")
+    "tox installs the wheel, which has it",
+)
 
 TRL, TF, DS, ACC = installed("trl"), installed("transformers"), installed("deepspeed"), installed("accelerate")
-HEAVY_CELL = (TRL is not None and str(TRL) == "0.15.2" and TF is not None and str(TF) == "4.48.3"
-              and DS is not None and ACC is not None)
+HEAVY_CELL = TRL is not None and str(TRL) == "0.15.2" and TF is not None and str(TF) == "4.48.3" and DS is not None and ACC is not None
 heavy = pytest.mark.skipif(
     not HEAVY_CELL,
     reason="real multi-process launches run in one cell only (trl 0.15.2 x transformers 4.48.3 with deepspeed "
-           "and accelerate), to keep the matrix fast")
+    "and accelerate), to keep the matrix fast",
+)
 HEAVY_APPLIED = APPLIED["trl0.15.2-tf4.48.3"]
 
 
@@ -84,7 +85,7 @@ def probe(cmd, env, timeout=300):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = [line for line in out.stdout.splitlines() if line.startswith("PROBE|")]
     assert len(lines) == 1, out.stdout + out.stderr
-    return json.loads(lines[0][len("PROBE|"):]), out.stderr
+    return json.loads(lines[0][len("PROBE|") :]), out.stderr
 
 
 def assert_active(facts, how):
@@ -178,7 +179,11 @@ def explicit_statuses():
     """The statuses right after a plain ``import trl_compat`` in this environment."""
     out = subprocess.run(
         [sys.executable, "-c", "import json, trl_compat; print(json.dumps({p.id: p.status for p in trl_compat.report()}))"],
-        env=base_env(), capture_output=True, text=True, timeout=120)
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.splitlines()[-1])
 
@@ -243,15 +248,15 @@ def test_describe_names_the_mechanism():
 def test_report_says_how_in_json_and_text():
     # TRL_COMPAT_DISABLE=*: nothing pending, so the report imports no trigger module (fast everywhere).
     env = base_env(TRL_COMPAT_DISABLE="*")
-    out = subprocess.run(trl_compat_run(sys.executable, "-m", "trl_compat", "--json"), env=env, cwd=SUPPORT,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        trl_compat_run(sys.executable, "-m", "trl_compat", "--json"), env=env, cwd=SUPPORT, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert list(data) == ["trl_compat", "headline", "trl", "versions", "settings", "activation", "patches"]
     assert data["activation"]["mechanisms"] == [activation.LAUNCHER], data["activation"]
     assert data["activation"]["this_process"] == activation.LAUNCHER
-    text = subprocess.run([sys.executable, "-m", "trl_compat"], env=env, cwd=SUPPORT, capture_output=True, text=True,
-                          timeout=120)
+    text = subprocess.run([sys.executable, "-m", "trl_compat"], env=env, cwd=SUPPORT, capture_output=True, text=True, timeout=120)
     assert text.returncode == 0, text.stderr
     line = [row for row in text.stdout.splitlines() if row.strip().startswith("activation")]
     assert len(line) == 1 and "not automatic" in line[0] and "(this process: by its own import)" in line[0], text.stdout
@@ -264,24 +269,40 @@ def test_report_says_how_in_json_and_text():
 def test_wheel_carries_the_site_files_and_the_switch_works_in_a_fresh_venv(tmp_path):
     pytest.importorskip("setuptools", minversion="61", reason="building the wheel needs setuptools >= 61 here")
     src = tmp_path / "src"  # a copy: cells building in the same tree at once would share build/
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".tox", ".git", "build", "dist", "*.egg-info",
-                                                              "__pycache__", "matrix", "benchmarks", "tests"))
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation",
-                            "-q", "-w", str(tmp_path / "dist")], capture_output=True, text=True, timeout=300)
+    shutil.copytree(
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns(".tox", ".git", "build", "dist", "*.egg-info", "__pycache__", "matrix", "benchmarks", "tests"),
+    )
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert build.returncode == 0, build.stdout + build.stderr
     (wheel,) = glob.glob(str(tmp_path / "dist" / "trl_compat-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"trl_compat.pth", "trl_compat.start", "_trl_compat_auto.py",
-            "trl_compat/activation/bootstrap/sitecustomize.py"} <= names, sorted(names)
+    assert {
+        "trl_compat.pth",
+        "trl_compat.start",
+        "_trl_compat_auto.py",
+        "trl_compat/activation/bootstrap/sitecustomize.py",
+    } <= names, sorted(names)
 
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=False)
     python = str(env_dir / "bin" / "python")
-    install = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index",
-                              "-q", wheel], capture_output=True, text=True, timeout=300)
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "-q", wheel],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert install.returncode == 0, install.stdout + install.stderr
-    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True).stdout.strip()
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True
+    ).stdout.strip()
     assert os.path.isfile(os.path.join(purelib, "trl_compat.pth"))
     # trl_compat's dependencies (and trl, where installed) come from this cell's site-packages, added by
     # a .pth that sorts *after* trl_compat.pth: the switch must wait for it before importing trl_compat.
@@ -297,11 +318,20 @@ def test_wheel_carries_the_site_files_and_the_switch_works_in_a_fresh_venv(tmp_p
     # Python >= 3.15 (PEP 829) calls trl_compat.start's entry point instead of the .pth's import line.
     with open(os.path.join(purelib, "trl_compat.start")) as fh:
         entry = fh.read().strip()
-    call = ("import pkgutil, sys; pkgutil.resolve_name(%r)(); print('trl_compat' in sys.modules)" % entry)
+    call = "import pkgutil, sys; pkgutil.resolve_name(%r)(); print('trl_compat' in sys.modules)" % entry
     for value, expected in (("1", "True"), ("", "False")):
-        out = subprocess.run([python, "-S", "-c", "import site, sys; sys.path.append(%r); sys.path.append(%r); %s"
-                              % (purelib, sysconfig.get_paths()["purelib"], call)],
-                             env=base_env(TRL_COMPAT_AUTO=value), capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [
+                python,
+                "-S",
+                "-c",
+                "import site, sys; sys.path.append(%r); sys.path.append(%r); %s" % (purelib, sysconfig.get_paths()["purelib"], call),
+            ],
+            env=base_env(TRL_COMPAT_AUTO=value),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0 and out.stdout.strip() == expected, (value, out)
 
 
@@ -323,14 +353,33 @@ def free_port():
 
 def grpo_env(tmp_path, **extra):
     return base_env(
-        TRL_COMPAT_STRICT="1", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu",
-        PYTHONUNBUFFERED="1", HF_HOME=str(tmp_path / "hf_home"),  # no accelerate config of this machine's user
-        **extra)
+        TRL_COMPAT_STRICT="1",
+        OMP_NUM_THREADS="1",
+        CUDA_VISIBLE_DEVICES="",
+        DS_ACCELERATOR="cpu",
+        PYTHONUNBUFFERED="1",
+        HF_HOME=str(tmp_path / "hf_home"),  # no accelerate config of this machine's user
+        **extra,
+    )
 
 
 def accelerate_launch(*script):
-    return ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()), *script]
+    return [
+        "accelerate",
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        *script,
+    ]
 
 
 def torchrun(*script):
@@ -368,8 +417,7 @@ def assert_patched(result, how):
 def test_accelerate_launch_zero3(mode, model_dir, tmp_path):
     out = tmp_path / "out"
     cmd = accelerate_launch(GRPO_SCRIPT, model_dir, str(out), "--zero3")
-    ranks = run_ranks(trl_compat_run(*cmd) if mode == "trl-compat run" else cmd, grpo_env(tmp_path), out,
-                      tmp_path / "log.txt")
+    ranks = run_ranks(trl_compat_run(*cmd) if mode == "trl-compat run" else cmd, grpo_env(tmp_path), out, tmp_path / "log.txt")
     for result in ranks:
         assert result["distributed_type"] == "DistributedType.DEEPSPEED", result
         baseline, during = result["hooks_baseline"], result["hooks_during_generation"]
@@ -409,8 +457,7 @@ def test_trl_grpo_cli_under_launcher(model_dir, tmp_path):
     import tiny
 
     torch.manual_seed(0)
-    reward_dir = tiny.save_tiny(tmp_path / "reward", model=Qwen2ForSequenceClassification(
-        tiny.model_config("qwen2", num_labels=1)))
+    reward_dir = tiny.save_tiny(tmp_path / "reward", model=Qwen2ForSequenceClassification(tiny.model_config("qwen2", num_labels=1)))
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     with open(data_dir / "train.jsonl", "w") as fh:
@@ -420,11 +467,41 @@ def test_trl_grpo_cli_under_launcher(model_dir, tmp_path):
     reports.mkdir()
     env = grpo_env(tmp_path, PYTHONPATH=USER_SITECUSTOMIZE, TRL_COMPAT_TEST_REPORT_DIR=str(reports))
     cmd = trl_compat_run(
-        "trl", "grpo", "--model_name_or_path", model_dir, "--reward_model_name_or_path", reward_dir,
-        "--dataset_name", str(data_dir), "--output_dir", str(tmp_path / "out"), "--max_steps", "2",
-        "--per_device_train_batch_size", "2", "--num_generations", "2", "--max_prompt_length", "16",
-        "--max_completion_length", "8", "--report_to", "none", "--save_strategy", "no", "--logging_steps", "1",
-        "--disable_tqdm", "True", "--learning_rate", "1e-3", "--seed", "0", "--bf16", "False")
+        "trl",
+        "grpo",
+        "--model_name_or_path",
+        model_dir,
+        "--reward_model_name_or_path",
+        reward_dir,
+        "--dataset_name",
+        str(data_dir),
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--max_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "2",
+        "--num_generations",
+        "2",
+        "--max_prompt_length",
+        "16",
+        "--max_completion_length",
+        "8",
+        "--report_to",
+        "none",
+        "--save_strategy",
+        "no",
+        "--logging_steps",
+        "1",
+        "--disable_tqdm",
+        "True",
+        "--learning_rate",
+        "1e-3",
+        "--seed",
+        "0",
+        "--bf16",
+        "False",
+    )
     proc = subprocess.run(cmd, env=env, cwd=SUPPORT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     losses = [line for line in proc.stdout.splitlines() if line.startswith("{'loss': ")]

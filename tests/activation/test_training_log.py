@@ -28,14 +28,19 @@ LINE_START = f"trl_compat {trl_compat.__version__}: active fixes: "
 
 pytestmark = pytest.mark.skipif(
     TRL is None or not str(TRL).startswith(("0.14.", "0.15.", "0.16.", "0.17.", "0.18.", "0.19.")),
-    reason="needs a TRL whose GRPOTrainer trl_compat knows")
+    reason="needs a TRL whose GRPOTrainer trl_compat knows",
+)
 
 
 def base_env(**extra):
-    env = {k: v for k, v in os.environ.items()
-           if k not in (activation.SWITCH, "PYTHONPATH", "TRL_COMPAT_QUIET", "TRL_COMPAT_STRICT", "TRL_COMPAT_DISABLE")}
-    env.update(PATH=BIN + os.pathsep + env.get("PATH", ""), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
-               PYTHONUNBUFFERED="1", **extra)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in (activation.SWITCH, "PYTHONPATH", "TRL_COMPAT_QUIET", "TRL_COMPAT_STRICT", "TRL_COMPAT_DISABLE")
+    }
+    env.update(
+        PATH=BIN + os.pathsep + env.get("PATH", ""), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1", **extra
+    )
     return env
 
 
@@ -47,18 +52,17 @@ def model_dir(tmp_path_factory):
 
 
 def run(cmd, env, timeout=300):
-    out = subprocess.run(cmd, env=env, cwd=SUPPORT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         timeout=timeout)
+    out = subprocess.run(cmd, env=env, cwd=SUPPORT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
     assert out.returncode == 0, out.stdout[-6000:]
-    ranks = [json.loads(line[len("TLOG|"):]) for line in out.stdout.splitlines() if line.startswith("TLOG|")]
-    lines = [line[line.index(LINE_START):] for line in out.stdout.splitlines() if LINE_START in line]
+    ranks = [json.loads(line[len("TLOG|") :]) for line in out.stdout.splitlines() if line.startswith("TLOG|")]
+    lines = [line[line.index(LINE_START) :] for line in out.stdout.splitlines() if LINE_START in line]
     return ranks, lines, out.stdout
 
 
 def fixes_named(line):
     """The ids the line names as active."""
     assert line.endswith("details: python -m trl_compat"), line
-    return set(line[len(LINE_START):].split(";")[0].split(", "))
+    return set(line[len(LINE_START) :].split(";")[0].split(", "))
 
 
 def under_launcher(*cmd):
@@ -79,7 +83,8 @@ def assert_announced(ranks, lines, output):
 @pytest.mark.parametrize("logging_setup", ["none", "transformers", "basic"])
 def test_line_under_the_launcher(model_dir, tmp_path, logging_setup):
     ranks, lines, output = run(
-        under_launcher(sys.executable, SCRIPT, model_dir, str(tmp_path), "--logging", logging_setup), base_env())
+        under_launcher(sys.executable, SCRIPT, model_dir, str(tmp_path), "--logging", logging_setup), base_env()
+    )
     assert_announced(ranks, lines, output)
 
 
@@ -108,35 +113,37 @@ def with_switch(switch_dir, *script):
 
 
 def test_line_under_the_switch(model_dir, tmp_path, switch_dir):
-    ranks, lines, output = run(with_switch(switch_dir, SCRIPT, model_dir, str(tmp_path)),
-                               base_env(TRL_COMPAT_AUTO="1"))
+    ranks, lines, output = run(with_switch(switch_dir, SCRIPT, model_dir, str(tmp_path)), base_env(TRL_COMPAT_AUTO="1"))
     assert_announced(ranks, lines, output)
 
 
 def test_quiet_silences_the_line_not_the_metrics(model_dir, tmp_path, switch_dir):
-    ranks, lines, output = run(under_launcher(sys.executable, SCRIPT, model_dir, str(tmp_path)),
-                               base_env(TRL_COMPAT_QUIET="1"))
+    ranks, lines, output = run(under_launcher(sys.executable, SCRIPT, model_dir, str(tmp_path)), base_env(TRL_COMPAT_QUIET="1"))
     assert lines == [] and "active fixes" not in output, output[-6000:]
     (result,) = ranks
     assert result["applied"] and result["metrics"] == {training_log.METRIC_PREFIX + p: 1 for p in result["applied"]}
-    ranks, lines, output = run(with_switch(switch_dir, SCRIPT, model_dir, str(tmp_path / "switch")),
-                               base_env(TRL_COMPAT_AUTO="1", TRL_COMPAT_QUIET="yes"))
+    ranks, lines, output = run(
+        with_switch(switch_dir, SCRIPT, model_dir, str(tmp_path / "switch")), base_env(TRL_COMPAT_AUTO="1", TRL_COMPAT_QUIET="yes")
+    )
     assert lines == [] and ranks[0]["applied"], output[-3000:]
 
 
 def test_line_once_in_a_two_process_launch(model_dir, tmp_path):
-    cmd = under_launcher(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                         SCRIPT, model_dir, str(tmp_path))
-    out = subprocess.run(cmd, env=base_env(DS_ACCELERATOR="cpu"), cwd=SUPPORT, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, timeout=480)
+    cmd = under_launcher(
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", SCRIPT, model_dir, str(tmp_path)
+    )
+    out = subprocess.run(
+        cmd, env=base_env(DS_ACCELERATOR="cpu"), cwd=SUPPORT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=480
+    )
     assert out.returncode == 0, out.stdout[-6000:]
-    ranks = sorted((json.loads(line[len("TLOG|"):]) for line in out.stdout.splitlines() if line.startswith("TLOG|")),
-                   key=lambda r: r["rank"])
+    ranks = sorted(
+        (json.loads(line[len("TLOG|") :]) for line in out.stdout.splitlines() if line.startswith("TLOG|")), key=lambda r: r["rank"]
+    )
     assert [r["rank"] for r in ranks] == [0, 1], out.stdout[-6000:]
     lines = [line for line in out.stdout.splitlines() if LINE_START in line]
     assert len(lines) == 1, out.stdout[-6000:]  # the main process only
     for result in ranks:
-        assert fixes_named(lines[0][lines[0].index(LINE_START):]) == set(result["applied"]), (lines, result)
+        assert fixes_named(lines[0][lines[0].index(LINE_START) :]) == set(result["applied"]), (lines, result)
         assert set(result["metrics"]) == {training_log.METRIC_PREFIX + p for p in result["applied"]}, result
 
 
@@ -159,13 +166,20 @@ grpo_run.make_trainer(sys.argv[1], model=sys.argv[2], steps=1)
 
 
 def test_strict_failure_is_trl_compats_own_error(model_dir, tmp_path):
-    out = subprocess.run([sys.executable, "-c", STRICT_SCRIPT, str(tmp_path), model_dir],
-                         env=base_env(TRL_COMPAT_STRICT="1"), cwd=SUPPORT, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", STRICT_SCRIPT, str(tmp_path), model_dir],
+        env=base_env(TRL_COMPAT_STRICT="1"),
+        cwd=SUPPORT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode != 0 and "IMPORTED" in out.stdout, out.stdout + out.stderr[-4000:]
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("trl_compat._engine.patch.TrlCompatError: TRL_COMPAT_STRICT=1: test-strict-probe: failed: "
-                           "probe raised ValueError: the probe exploded"), out.stderr[-4000:]
+    assert last.startswith(
+        "trl_compat._engine.patch.TrlCompatError: TRL_COMPAT_STRICT=1: test-strict-probe: failed: "
+        "probe raised ValueError: the probe exploded"
+    ), out.stderr[-4000:]
     assert "Failed to import" not in out.stderr, out.stderr[-4000:]
 
 

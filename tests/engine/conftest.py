@@ -14,7 +14,7 @@ from trl_compat._engine import Patch, needed
 
 import pytest
 
-TRAINER_SRC = '''
+TRAINER_SRC = """
 class Base:
     def step(self, x):
         return ("base", x)
@@ -22,7 +22,7 @@ class Base:
 class Trainer(Base):
     def other(self):
         return "other"
-'''
+"""
 
 
 @pytest.fixture
@@ -63,11 +63,17 @@ def wrap_step(calls):
 def make_patch(wrap_step):
     """``make_patch(module, ...)``: register a test patch (by default: wrap_step, bug found,
     declaring that it changes ``target``)."""
-    def make(module, pid=None, probe=lambda m: needed("bug found"), apply=None, target="Trainer.step",
-             requires=None, changes=None):
+
+    def make(module, pid=None, probe=lambda m: needed("bug found"), apply=None, target="Trainer.step", requires=None, changes=None):
         patch = Patch(
-            id=pid or "test-" + uuid.uuid4().hex[:6], summary="test patch", upstream="none",
-            trigger=module, must_exist=target, requires=requires or {}, probe=probe, apply=apply or wrap_step,
+            id=pid or "test-" + uuid.uuid4().hex[:6],
+            summary="test patch",
+            upstream="none",
+            trigger=module,
+            must_exist=target,
+            requires=requires or {},
+            probe=probe,
+            apply=apply or wrap_step,
             changes=changes or (target,),
         )
         engine.register(patch)
@@ -90,8 +96,9 @@ def _run_py(code, **env):
     """Run ``code`` in a fresh Python (not strict, nothing disabled, as the tests here run) and
     return its stdout."""
     base = {k: v for k, v in os.environ.items() if k not in ("TRL_COMPAT_STRICT", "TRL_COMPAT_DISABLE")}
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                         env=dict(base, **env), timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=dict(base, **env), timeout=600
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 

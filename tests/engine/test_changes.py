@@ -168,7 +168,13 @@ def test_the_grpo_trainer_init_patches_stack_in_registry_order():
     derived = engine.stacking(INIT)
     # the stacking a reviewer reads in the registry, stated once here: peft-optional innermost
     # (its stand-in names must exist before any other fix's code runs), vllm-v1-engine outermost
-    assert derived == ["peft-optional", "dataloader-workers", "pad-token", "peft-gradient-checkpointing",
-                       "reward-model-zero3", "vllm-v1-engine"]
+    assert derived == [
+        "peft-optional",
+        "dataloader-workers",
+        "pad-token",
+        "peft-gradient-checkpointing",
+        "reward-model-zero3",
+        "vllm-v1-engine",
+    ]
     assert derived == declaring
     assert [pid for pid in (p.id for p in engine.registry()) if pid in derived] == derived

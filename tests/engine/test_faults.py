@@ -34,11 +34,11 @@ def trl_namespaces():
     for name, mod in list(sys.modules.items()):
         if name == "trl" or name.startswith("trl."):
             spaces.append((name, mod))
-            spaces += [(f"{name}.{k}", v) for k, v in vars(mod).items()
-                       if isinstance(v, type) and v.__module__ == name]
+            spaces += [(f"{name}.{k}", v) for k, v in vars(mod).items() if isinstance(v, type) and v.__module__ == name]
     seen = {id(space) for _, space in spaces}
-    return spaces + [(o.__name__ if isinstance(o, type(sys)) else f"{o.__module__}.{o.__qualname__}", o)
-                     for o in RECORDED if id(o) not in seen]
+    return spaces + [
+        (o.__name__ if isinstance(o, type(sys)) else f"{o.__module__}.{o.__qualname__}", o) for o in RECORDED if id(o) not in seen
+    ]
 
 
 def snapshot():
@@ -51,9 +51,12 @@ _ABSENT = object()
 
 
 def differences(a, b):
-    return sorted(f"{space}.{k}" for space in set(a) | set(b)
-                  for k in set(a.get(space, {})) | set(b.get(space, {}))
-                  if a.get(space, {}).get(k, _ABSENT) is not b.get(space, {}).get(k, _ABSENT))
+    return sorted(
+        f"{space}.{k}"
+        for space in set(a) | set(b)
+        for k in set(a.get(space, {})) | set(b.get(space, {}))
+        if a.get(space, {}).get(k, _ABSENT) is not b.get(space, {}).get(k, _ABSENT)
+    )
 
 
 @pytest.fixture
@@ -167,8 +170,9 @@ def test_revert_then_reapply(applied_patch):
     assert differences(before, snapshot()) == []
 
 
-GRPO_PATCHES = [p.id for p in engine.registry()
-                if p.trigger == "trl.trainer.grpo_trainer" and p.must_exist.split(".")[0] == "GRPOTrainer"]
+GRPO_PATCHES = [
+    p.id for p in engine.registry() if p.trigger == "trl.trainer.grpo_trainer" and p.must_exist.split(".")[0] == "GRPOTrainer"
+]
 
 
 @pytest.mark.parametrize("applied_patch", GRPO_PATCHES, indirect=True)

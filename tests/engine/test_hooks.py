@@ -94,7 +94,7 @@ ORDERS = {
     # On transformers 5 the GRPO module cannot import before the fix (that is the bug):
     # trl first, then trl_compat, then the GRPO modules.
     "trl first, transformers 5": "import trl, trl.import_utils\nimport trl_compat\nfrom trl import GRPOTrainer\n"
-                                 "import trl.trainer.grpo_trainer, trl.models.utils",
+    "import trl.trainer.grpo_trainer, trl.models.utils",
 }
 
 
@@ -125,7 +125,8 @@ def test_a_module_still_executing_in_another_thread_is_patched_once_it_is_done(t
         f"import {signals.__name__} as signals\n"
         "class Trainer:\n    def step(self, x):\n        return ('base', x)\n"
         "signals.started.set()\nsignals.go.wait(60)\n"
-        "DONE = True\n")
+        "DONE = True\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     seen = []
 

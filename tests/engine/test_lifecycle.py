@@ -101,9 +101,9 @@ def test_revert_neutralises_a_hook_that_has_not_fired(fake_pkg, make_patch):
     assert trl_compat.status(patch.id) == trl_compat.REVERTED
 
 
-
 def _tagging(tag):
     """An apply that wraps Trainer.step, adding ``tag`` to the result."""
+
     def apply(module, patcher):
         inner = module.Trainer.step
 
@@ -122,8 +122,18 @@ def test_a_patch_applied_for_the_first_time_goes_below_later_ones(fake_pkg, monk
     us") and a re-install finds its marker and skips ("already patched")."""
     mod = importlib.import_module(fake_pkg)
     monkeypatch.delenv("TEST_TRL_COMPAT_LATE", raising=False)
-    late = Patch(id="test-late", summary="", upstream="", trigger=fake_pkg, must_exist="Trainer.step", requires={}, changes=("Trainer.step",),
-                 probe=lambda m: needed("bug found"), apply=_tagging("late"), opt_in="TEST_TRL_COMPAT_LATE")
+    late = Patch(
+        id="test-late",
+        summary="",
+        upstream="",
+        trigger=fake_pkg,
+        must_exist="Trainer.step",
+        requires={},
+        changes=("Trainer.step",),
+        probe=lambda m: needed("bug found"),
+        apply=_tagging("late"),
+        opt_in="TEST_TRL_COMPAT_LATE",
+    )
     engine.register(late)
     upper = make_patch(fake_pkg, apply=_tagging("upper"))
     trl_compat.install(late.id, upper.id)
@@ -178,6 +188,7 @@ def test_reverting_the_upper_of_two_stacked_patches(fake_pkg, make_patch):
     assert trl_compat.status(lower.id) == trl_compat.APPLIED
     trl_compat.revert(lower.id)
     assert "step" not in vars(mod.Trainer)
+
 
 def test_apply_that_raises_half_way_leaves_nothing_patched(fake_pkg, caplog, make_patch):
     mod = importlib.import_module(fake_pkg)
@@ -293,6 +304,7 @@ def test_a_replaced_class_is_a_conflict_not_a_double_patch(fake_pkg, caplog, mak
 def _prefixing(original):
     def wrapper(*args, **kwargs):
         return ("wrapped",) + original(*args, **kwargs)
+
     return wrapper
 
 
@@ -335,8 +347,18 @@ def test_on_undo_runs_on_revert_and_on_rollback(fake_pkg, make_patch):
 def test_an_opt_in_patch_is_disabled_until_its_switch_is_on(fake_pkg, monkeypatch, caplog, wrap_step):
     mod = importlib.import_module(fake_pkg)
     monkeypatch.delenv("TEST_TRL_COMPAT_OPT_IN", raising=False)
-    patch = Patch(id="test-opt-in", summary="", upstream="", trigger=fake_pkg, must_exist="Trainer.step", requires={}, changes=("Trainer.step",),
-                  probe=lambda m: needed("bug found"), apply=wrap_step, opt_in="TEST_TRL_COMPAT_OPT_IN")
+    patch = Patch(
+        id="test-opt-in",
+        summary="",
+        upstream="",
+        trigger=fake_pkg,
+        must_exist="Trainer.step",
+        requires={},
+        changes=("Trainer.step",),
+        probe=lambda m: needed("bug found"),
+        apply=wrap_step,
+        opt_in="TEST_TRL_COMPAT_OPT_IN",
+    )
     engine.register(patch)
     with caplog.at_level(logging.INFO, logger="trl_compat"):
         trl_compat.install(patch.id)
@@ -352,8 +374,21 @@ def test_an_opt_in_patch_is_disabled_until_its_switch_is_on(fake_pkg, monkeypatc
 
 
 # What ``import trl_compat`` must not load at start-up: each costs a good part of starting Python.
-STARTUP_FREE = ("logging", "re", "typing", "dataclasses", "inspect", "threading", "ast", "tokenize",
-                "packaging", "importlib.metadata", "torch", "trl", "transformers")
+STARTUP_FREE = (
+    "logging",
+    "re",
+    "typing",
+    "dataclasses",
+    "inspect",
+    "threading",
+    "ast",
+    "tokenize",
+    "packaging",
+    "importlib.metadata",
+    "torch",
+    "trl",
+    "transformers",
+)
 LOADED = """
 import sys
 import trl_compat
@@ -373,8 +408,9 @@ def test_import_loads_no_patch_module_until_its_trigger_module_is_imported(tmp_p
     standard library. Importing TRL loads the modules of the patches in their window, not the rest."""
     with_trl = importlib.util.find_spec("trl") is not None
     env = {k: v for k, v in os.environ.items() if k not in ("TRL_COMPAT_AUTO", "PYTHONPATH")}
-    out = subprocess.run([sys.executable, "-c", LOADED % (STARTUP_FREE, with_trl)], env=env,
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-c", LOADED % (STARTUP_FREE, with_trl)], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr
     facts = json.loads(out.stdout.splitlines()[-1])
     assert facts["startup"] == []

@@ -8,8 +8,9 @@ from trl_compat._engine import Patch, PatchStatus, needed
 
 import pytest
 
-FIELDS = dict(id="test-decl", summary="s", upstream="u", trigger="x.mod", must_exist="Cls.meth", requires={"trl": ">=1"},
-              changes=("Cls.meth",))
+FIELDS = dict(
+    id="test-decl", summary="s", upstream="u", trigger="x.mod", must_exist="Cls.meth", requires={"trl": ">=1"}, changes=("Cls.meth",)
+)
 
 
 def test_a_patch_is_fixed_once_declared_and_replace_gives_a_changed_copy():

@@ -25,6 +25,7 @@ class DescriptorsChild(Descriptors):
 def _prefixing(original):
     def wrapper(*args, **kwargs):
         return ("wrapped",) + original(*args, **kwargs)
+
     return wrapper
 
 

@@ -43,8 +43,7 @@ def test_every_window_has_witnesses_inside_and_outside(patch):
             continue
         assert set(named) <= {"inside", "outside"}, f"{patch.id}: {dist}: {sorted(named)}"
         assert named["inside"], f"{patch.id}: no {dist} version named inside {spec}"
-        assert named.get("outside") or admits_every_version(spec), \
-            f"{patch.id}: no {dist} version named outside {spec}"
+        assert named.get("outside") or admits_every_version(spec), f"{patch.id}: no {dist} version named outside {spec}"
         for version in (*named["inside"], *named.get("outside", ())):
             Version(version)  # a real version, not a typo
 
@@ -68,8 +67,14 @@ def test_the_six_init_patches_declare_it():
     """Their order on GRPOTrainer.__init__ is derived from these declarations (the registry's);
     none depends on it: each hook reads the call's arguments or the finished trainer."""
     init = [patch.id for patch in PATCHES if "GRPOTrainer.__init__" in patch.changes]
-    assert init == ["peft-optional", "dataloader-workers", "pad-token", "peft-gradient-checkpointing",
-                    "reward-model-zero3", "vllm-v1-engine"]
+    assert init == [
+        "peft-optional",
+        "dataloader-workers",
+        "pad-token",
+        "peft-gradient-checkpointing",
+        "reward-model-zero3",
+        "vllm-v1-engine",
+    ]
 
 
 def _impl_source(patch) -> str:

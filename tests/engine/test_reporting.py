@@ -12,6 +12,7 @@ import pytest
 def _prefixing(original):
     def wrapper(*args, **kwargs):
         return ("wrapped",) + original(*args, **kwargs)
+
     return wrapper
 
 

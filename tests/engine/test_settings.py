@@ -57,8 +57,8 @@ def test_unknown_disable_ids_warn_once(monkeypatch, capsys):
     settings.disabled_ids(KNOWN)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(
-        "trl_compat: warning: TRL_COMPAT_DISABLE names unknown patch ids no-such-patch (accepted: a "
-        "comma-separated list of "), err
+        "trl_compat: warning: TRL_COMPAT_DISABLE names unknown patch ids no-such-patch (accepted: a comma-separated list of "
+    ), err
     assert err.rstrip().endswith(", or *); assumed: those are ignored"), err
     assert "pad-token" in err  # among the accepted ones
 
@@ -80,12 +80,10 @@ def test_problems_name_every_set_variable(monkeypatch):
 def _report(env_extra, *args):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRL_COMPAT_") or k == "TRL_COMPAT_CELL"}
     env.update(env_extra, TRL_COMPAT_DISABLE="*")  # nothing pending: the report imports no trigger module
-    return subprocess.run([sys.executable, "-m", "trl_compat", *args], env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run([sys.executable, "-m", "trl_compat", *args], env=env, capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("variable,value", [(settings.AUTO, "maybe"), (settings.STRICT, "enabled"),
-                                            (settings.QUIET, "sometimes")])
+@pytest.mark.parametrize("variable,value", [(settings.AUTO, "maybe"), (settings.STRICT, "enabled"), (settings.QUIET, "sometimes")])
 def test_the_report_shows_a_bad_value_and_the_process_warns_once(variable, value):
     out = _report({variable: value}, "--json")
     assert out.returncode == 0, out.stderr
@@ -117,8 +115,13 @@ def test_the_switchs_start_up_module_warns_about_a_bad_value(tmp_path):
         shutil.copy(os.path.join(site_files, name), tmp_path / name)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRL_COMPAT_")}
     for value, imported, warnings in (("maybe", "NOT IMPORTED", 1), ("1", "IMPORTED", 0), ("off", "NOT IMPORTED", 0)):
-        out = subprocess.run([sys.executable, "-c", SWITCH_BOOT, str(tmp_path)], env=dict(env, TRL_COMPAT_AUTO=value),
-                             capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-c", SWITCH_BOOT, str(tmp_path)],
+            env=dict(env, TRL_COMPAT_AUTO=value),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0 and out.stdout.strip() == imported, (value, out)
         assert out.stderr.count("TRL_COMPAT_AUTO=") == warnings, (value, out.stderr)
         if warnings:
@@ -131,20 +134,22 @@ def test_the_switchs_start_up_module_warns_about_a_bad_value(tmp_path):
 def test_headline_inside_the_known_releases():
     trl = cli.trl_range("0.15.2", True)
     assert trl["where"] == "inside" and trl["note"] == ""
-    assert cli.headline("9.9.9", trl) == (f"trl_compat 9.9.9 (knows trl {OLDEST_KNOWN_TRL} to {NEWEST_KNOWN_TRL}; "
-                                          "installed: 0.15.2)")
+    assert cli.headline("9.9.9", trl) == (f"trl_compat 9.9.9 (knows trl {OLDEST_KNOWN_TRL} to {NEWEST_KNOWN_TRL}; installed: 0.15.2)")
     assert cli.trl_range(NEWEST_KNOWN_TRL, True)["where"] == "inside"
     assert cli.trl_range(OLDEST_KNOWN_TRL, True)["where"] == "inside"
 
 
-@pytest.mark.parametrize("version,has_grpo,where,says", [
-    ("0.12.0", False, "older", "it has no GRPOTrainer (added in 0.14.0), so every patch says 'not needed'"),
-    ("0.13.0", True, "older", "it has no GRPOTrainer"),
-    ("0.16.0", False, "older", "it has no GRPOTrainer"),  # a build without the module
-    ("1.16.0", True, "newer", f"is newer than the newest release trl_compat knows ({NEWEST_KNOWN_TRL})"),
-    ("0.19.2.dev0", True, "newer", "is newer than the newest release"),
-    (None, False, "not installed", "trl is not installed: no patch applies"),
-])
+@pytest.mark.parametrize(
+    "version,has_grpo,where,says",
+    [
+        ("0.12.0", False, "older", "it has no GRPOTrainer (added in 0.14.0), so every patch says 'not needed'"),
+        ("0.13.0", True, "older", "it has no GRPOTrainer"),
+        ("0.16.0", False, "older", "it has no GRPOTrainer"),  # a build without the module
+        ("1.16.0", True, "newer", f"is newer than the newest release trl_compat knows ({NEWEST_KNOWN_TRL})"),
+        ("0.19.2.dev0", True, "newer", "is newer than the newest release"),
+        (None, False, "not installed", "trl is not installed: no patch applies"),
+    ],
+)
 def test_headline_outside_the_known_releases(version, has_grpo, where, says):
     trl = cli.trl_range(version, has_grpo)
     assert trl["where"] == where and says in trl["note"], trl
@@ -182,8 +187,10 @@ def test_status_of_an_unknown_id_lists_the_known_ones():
 def test_a_list_of_ids_gets_a_type_error_saying_so(call):
     with pytest.raises(TypeError) as raised:
         getattr(trl_compat, call)(["pad-token"])
-    assert str(raised.value) == (f"trl_compat.{call}() takes patch ids as separate string arguments, got list "
-                                 f"['pad-token']; to pass a list, unpack it: trl_compat.{call}(*ids)")
+    assert str(raised.value) == (
+        f"trl_compat.{call}() takes patch ids as separate string arguments, got list "
+        f"['pad-token']; to pass a list, unpack it: trl_compat.{call}(*ids)"
+    )
     with pytest.raises(TypeError, match=r"^trl_compat.status\(\) takes one patch id, a string; got list \['pad-token'\]$"):
         trl_compat.status(["pad-token"])
 

@@ -31,8 +31,17 @@ from packaging.version import InvalidVersion, Version
 )
 def test_version_gate(monkeypatch, installed, window, expected):
     monkeypatch.setattr(engine_versions, "dist_version", lambda dist: installed)
-    patch = Patch(id="test-gate", summary="", upstream="", trigger="x", must_exist="y", changes=("y",),
-                  requires={"trl": window}, probe=None, apply=None)
+    patch = Patch(
+        id="test-gate",
+        summary="",
+        upstream="",
+        trigger="x",
+        must_exist="y",
+        changes=("y",),
+        requires={"trl": window},
+        probe=None,
+        apply=None,
+    )
     status, reason, versions = engine.gate(patch)
     assert status == expected, reason
     assert versions == {"trl": installed}
@@ -42,21 +51,47 @@ def test_version_gate(monkeypatch, installed, window, expected):
 
 def test_version_gate_without_metadata(monkeypatch):
     monkeypatch.setattr(engine_versions, "dist_version", lambda dist: None)
-    missing = Patch(id="test-gate", summary="", upstream="", trigger="x", must_exist="y", changes=("y",),
-                    requires={"surely-not-installed-dist": ">=0"}, probe=None, apply=None)
+    missing = Patch(
+        id="test-gate",
+        summary="",
+        upstream="",
+        trigger="x",
+        must_exist="y",
+        changes=("y",),
+        requires={"surely-not-installed-dist": ">=0"},
+        probe=None,
+        apply=None,
+    )
     assert engine.gate(missing)[0] == trl_compat.NOT_NEEDED
     # importable but no metadata (e.g. a source checkout on sys.path): unknown, not guessed
-    importable = Patch(id="test-gate", summary="", upstream="", trigger="x", must_exist="y", changes=("y",),
-                       requires={"json": ">=0"}, probe=None, apply=None)
+    importable = Patch(
+        id="test-gate",
+        summary="",
+        upstream="",
+        trigger="x",
+        must_exist="y",
+        changes=("y",),
+        requires={"json": ">=0"},
+        probe=None,
+        apply=None,
+    )
     status, reason, _ = engine.gate(importable)
     assert status == trl_compat.UNKNOWN_VERSION and "no distribution metadata" in reason
 
-@pytest.mark.parametrize("since, fixed_in, inside, outside", [
-    ("0.14.0", "0.15.0", ["0.14.0.dev0", "0.14.0", "0.14.1", "0.15.0.dev0", "0.15.0.dev0+g1f344c9"],
-     ["0.13.9", "0.15.0a1", "0.15.0rc1", "0.15.0", "0.16.0.dev0"]),
-    ("0.15.0", "0.16.0", ["0.15.0.dev0", "0.15.2", "0.16.0.dev0", "0.16.0.dev3"], ["0.14.0", "0.16.0", "0.16.0rc0"]),
-    ("0.18.0", None, ["0.18.0.dev0", "0.19.1", "1.16.0"], ["0.17.0", "0.17.1.dev0"]),
-])
+
+@pytest.mark.parametrize(
+    "since, fixed_in, inside, outside",
+    [
+        (
+            "0.14.0",
+            "0.15.0",
+            ["0.14.0.dev0", "0.14.0", "0.14.1", "0.15.0.dev0", "0.15.0.dev0+g1f344c9"],
+            ["0.13.9", "0.15.0a1", "0.15.0rc1", "0.15.0", "0.16.0.dev0"],
+        ),
+        ("0.15.0", "0.16.0", ["0.15.0.dev0", "0.15.2", "0.16.0.dev0", "0.16.0.dev3"], ["0.14.0", "0.16.0", "0.16.0rc0"]),
+        ("0.18.0", None, ["0.18.0.dev0", "0.19.1", "1.16.0"], ["0.17.0", "0.17.1.dev0"]),
+    ],
+)
 def test_affected_holds_the_dev_builds_at_both_ends(since, fixed_in, inside, outside):
     from packaging.specifiers import SpecifierSet
 
@@ -65,21 +100,82 @@ def test_affected_holds_the_dev_builds_at_both_ends(since, fixed_in, inside, out
     assert [v for v in outside if v in window] == []
 
 
-
 # Every version and window the gate meets, plus the corners of PEP 440 around them.
 VERSIONS = [
-    "0", "0.0.dev0", "0.14.0", "0.14.0.dev0", "0.15", "0.15.0", "0.15.0.dev0", "0.15.0.dev3", "0.15.0a0",
-    "0.15.0a1", "0.15.0b2", "0.15.0rc1", "0.15.0c1", "0.15.0pre1", "0.15.0.post1", "0.15.0-1", "0.15.0.post1.dev2",
-    "0.15.0rc1.post1", "0.15.0rc1.dev1", "0.15.0+cu124", "0.15.0.dev0+g1f344c9", "0.15.1", "0.15.2", "0.16.0.dev0",
-    "0.16.0rc0", "0.16.0", "0.19.1", "0.20.0.dev0", "0.20.0a0", "1.16.0", "1!0.1", "v0.15.0", " 0.15.0 ",
-    "4.48.3", "4.53.3", "5.0.0.dev0", "5.0.0rc1", "5.23.0", "0.8.0", "0.9.1", "0.16.3", "0.19.8",
-    "0.15.0.DEV1", "0.15.0-alpha-2", "not a version", "0.15..0", "",
+    "0",
+    "0.0.dev0",
+    "0.14.0",
+    "0.14.0.dev0",
+    "0.15",
+    "0.15.0",
+    "0.15.0.dev0",
+    "0.15.0.dev3",
+    "0.15.0a0",
+    "0.15.0a1",
+    "0.15.0b2",
+    "0.15.0rc1",
+    "0.15.0c1",
+    "0.15.0pre1",
+    "0.15.0.post1",
+    "0.15.0-1",
+    "0.15.0.post1.dev2",
+    "0.15.0rc1.post1",
+    "0.15.0rc1.dev1",
+    "0.15.0+cu124",
+    "0.15.0.dev0+g1f344c9",
+    "0.15.1",
+    "0.15.2",
+    "0.16.0.dev0",
+    "0.16.0rc0",
+    "0.16.0",
+    "0.19.1",
+    "0.20.0.dev0",
+    "0.20.0a0",
+    "1.16.0",
+    "1!0.1",
+    "v0.15.0",
+    " 0.15.0 ",
+    "4.48.3",
+    "4.53.3",
+    "5.0.0.dev0",
+    "5.0.0rc1",
+    "5.23.0",
+    "0.8.0",
+    "0.9.1",
+    "0.16.3",
+    "0.19.8",
+    "0.15.0.DEV1",
+    "0.15.0-alpha-2",
+    "not a version",
+    "0.15..0",
+    "",
 ]
-WINDOWS = sorted({spec for patch in PATCHES for spec in patch.requires.values()} | {
-    ">=0", "<0.16", ">=0.15.0.dev0,<0.15.1", "<=0.15.0", ">0.15.0", "==0.15", "!=0.15.0", ">=1!0", "<0.15.0",
-    ">0.15.0.dev0", "~=0.15.0", "==0.15.*", ">=0.15.0+local", "", "lolwat", "<0.15.0a0", "<0.15.0rc1",
-    ">0.15.0.post1", "<0.15.0.dev0", ">0.15.0a0", "<0.15.0.post1",
-})
+WINDOWS = sorted(
+    {spec for patch in PATCHES for spec in patch.requires.values()}
+    | {
+        ">=0",
+        "<0.16",
+        ">=0.15.0.dev0,<0.15.1",
+        "<=0.15.0",
+        ">0.15.0",
+        "==0.15",
+        "!=0.15.0",
+        ">=1!0",
+        "<0.15.0",
+        ">0.15.0.dev0",
+        "~=0.15.0",
+        "==0.15.*",
+        ">=0.15.0+local",
+        "",
+        "lolwat",
+        "<0.15.0a0",
+        "<0.15.0rc1",
+        ">0.15.0.post1",
+        "<0.15.0.dev0",
+        ">0.15.0a0",
+        "<0.15.0.post1",
+    }
+)
 
 
 def packaging_says(spec, raw):
@@ -108,9 +204,30 @@ def test_pep440_answers_as_packaging_or_defers(spec):
     assert answered or spec in ("", "lolwat", "~=0.15.0", "==0.15.*", ">=0.15.0+local")
 
 
-@pytest.mark.parametrize("installed", ["0.14.0", "0.15.0", "0.15.1", "0.15.2", "0.16.0", "0.16.1", "0.17.0",
-                                       "0.18.2", "0.19.0", "0.19.1", "0.20.0", "1.16.0", "4.48.3", "4.52.4",
-                                       "5.0.0", "5.23.0", "0.16.4", "0.8.5", "0.9.1"])
+@pytest.mark.parametrize(
+    "installed",
+    [
+        "0.14.0",
+        "0.15.0",
+        "0.15.1",
+        "0.15.2",
+        "0.16.0",
+        "0.16.1",
+        "0.17.0",
+        "0.18.2",
+        "0.19.0",
+        "0.19.1",
+        "0.20.0",
+        "1.16.0",
+        "4.48.3",
+        "4.52.4",
+        "5.0.0",
+        "5.23.0",
+        "0.16.4",
+        "0.8.5",
+        "0.9.1",
+    ],
+)
 def test_released_versions_need_no_packaging(installed):
     """Released versions (what the matrix cells and most users have) against every patch's
     windows are answered at start-up, without importing packaging."""
@@ -137,12 +254,25 @@ def test_pep440_order_is_packagings():
 def test_the_gate_gives_packagings_verdict(monkeypatch, spec):
     for installed in VERSIONS:
         monkeypatch.setattr(engine_versions, "dist_version", lambda dist, installed=installed: installed)
-        patch = Patch(id="test-gate", summary="", upstream="", trigger="x", must_exist="y", changes=("y",), requires={"trl": spec},
-                      probe=None, apply=None)
+        patch = Patch(
+            id="test-gate",
+            summary="",
+            upstream="",
+            trigger="x",
+            must_exist="y",
+            changes=("y",),
+            requires={"trl": spec},
+            probe=None,
+            apply=None,
+        )
         status, reason, _ = engine.gate(patch)
         theirs = packaging_says(spec, installed)
-        expected = {"invalid version": trl_compat.UNKNOWN_VERSION, "invalid window": trl_compat.FAILED,
-                    True: None, False: trl_compat.NOT_NEEDED}[theirs]
+        expected = {
+            "invalid version": trl_compat.UNKNOWN_VERSION,
+            "invalid window": trl_compat.FAILED,
+            True: None,
+            False: trl_compat.NOT_NEEDED,
+        }[theirs]
         assert status == expected, (spec, installed, reason)
 
 

@@ -68,13 +68,12 @@ def test_window_holds_the_named_versions_and_the_dev_builds_around_them(monkeypa
     versions = {d: (named[d]["inside"][0] if d in named else ANY) for d in patch.requires}
     versions[dist] = version
     got, reason = gate_with(monkeypatch, patch, versions)
-    assert got is inside, f"{patch.id}: {dist} {version} should be {'in' if inside else 'out of'} " \
-                          f"{patch.requires[dist]!r} ({reason})"
+    assert got is inside, f"{patch.id}: {dist} {version} should be {'in' if inside else 'out of'} {patch.requires[dist]!r} ({reason})"
 
 
 def test_affected_helper():
     spec = SpecifierSet(_engine.affected("0.15.0", "0.16.0"), prereleases=True)
-    assert [v in spec for v in ("0.14.9", "0.15.0.dev0", "0.15.2", "0.16.0.dev0", "0.16.0.dev3",
-                                "0.16.0a1", "0.16.0rc1", "0.16.0")] == [False, True, True, True, True,
-                                                                         False, False, False]
+    assert [
+        v in spec for v in ("0.14.9", "0.15.0.dev0", "0.15.2", "0.16.0.dev0", "0.16.0.dev3", "0.16.0a1", "0.16.0rc1", "0.16.0")
+    ] == [False, True, True, True, True, False, False, False]
     assert _engine.affected("5.0.0") == ">=5.0.0.dev0"

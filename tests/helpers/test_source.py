@@ -47,6 +47,7 @@ def _decorated(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         return fn(*args, **kwargs)
+
     return wrapper
 
 
@@ -68,13 +69,16 @@ class Child(Holder):
     pass
 
 
-@pytest.mark.parametrize("obj, marker", [
-    (vars(Holder)["static"], "static_body_marker"),
-    (vars(Holder)["klass"], "class_body_marker"),
-    (Holder.klass, "class_body_marker"),
-    (Holder.decorated, "decorated_body_marker"),
-    (Holder().decorated, "decorated_body_marker"),
-])
+@pytest.mark.parametrize(
+    "obj, marker",
+    [
+        (vars(Holder)["static"], "static_body_marker"),
+        (vars(Holder)["klass"], "class_body_marker"),
+        (Holder.klass, "class_body_marker"),
+        (Holder.decorated, "decorated_body_marker"),
+        (Holder().decorated, "decorated_body_marker"),
+    ],
+)
 def test_code_reads_through_descriptors_methods_and_wrappers(obj, marker):
     assert f'"{marker}"' in code(obj)
     assert unwrap(obj).__name__ in {"static", "klass", "decorated"}
@@ -101,9 +105,17 @@ def test_a_probe_on_unreadable_source_is_undecided(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delenv("TRL_COMPAT_STRICT", raising=False)
     module = importlib.import_module(name)
-    patch = engine.Patch(id="test-src-" + name, summary="", upstream="", trigger=name, must_exist="Trainer.step", changes=("Trainer.step",),
-                         requires={}, probe=lambda m: code(len) and engine.needed("never"),
-                         apply=lambda m, p: p.replace(m.Trainer, "step", lambda self: 2))
+    patch = engine.Patch(
+        id="test-src-" + name,
+        summary="",
+        upstream="",
+        trigger=name,
+        must_exist="Trainer.step",
+        changes=("Trainer.step",),
+        requires={},
+        probe=lambda m: code(len) and engine.needed("never"),
+        apply=lambda m, p: p.replace(m.Trainer, "step", lambda self: 2),
+    )
     engine.register(patch)
     try:
         trl_compat.install(patch.id)

@@ -37,11 +37,14 @@ def patched():
     assert "__init__" in vars(cls) and not hasattr(cls.__init__, "__wrapped__")
 
 
-@pytest.mark.parametrize("call", [
-    lambda cls, config: cls("m", ["r"], config),
-    lambda cls, config: cls("m", ["r"], args=config),
-    lambda cls, config: cls(model="m", reward_funcs=["r"], args=config),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda cls, config: cls("m", ["r"], config),
+        lambda cls, config: cls("m", ["r"], args=config),
+        lambda cls, config: cls(model="m", reward_funcs=["r"], args=config),
+    ],
+)
 def test_hooks_get_the_arguments_by_name(patched, call):
     cls, seen = patched
     config = object()

@@ -33,8 +33,9 @@ if HAVE_TORCH:
     import grpo_run
     import tiny
 
-requires_standin = pytest.mark.skipif(not HAVE_TORCH or not grpo_run.standin_vllm_installed(),
-                                      reason="the vLLM stand-in is not installed")
+requires_standin = pytest.mark.skipif(
+    not HAVE_TORCH or not grpo_run.standin_vllm_installed(), reason="the vLLM stand-in is not installed"
+)
 requires_tokenizers = pytest.mark.skipif(not HAVE_TORCH, reason="needs torch and transformers")
 
 MAX_PROMPT = 16
@@ -52,8 +53,7 @@ def test_standin_tokenises_text_like_vllm_and_takes_token_ids(tmp_path):
     path = tiny.save_tiny(tmp_path / "m", "llama", tokenizer=tok)
     llm = LLM(model=path, dtype="float32", gpu_memory_utilization=0.5, max_model_len=20)
     params = SamplingParams(temperature=0.0, max_tokens=2)
-    text = tok.apply_chat_template([{"role": "user", "content": "baba bebe"}], tokenize=False,
-                                   add_generation_prompt=True)
+    text = tok.apply_chat_template([{"role": "user", "content": "baba bebe"}], tokenize=False, add_generation_prompt=True)
     plain = tok(text, add_special_tokens=False).input_ids
     assert plain[0] == BOS_ID and plain[1] == HEADER_START
 
@@ -63,8 +63,11 @@ def test_standin_tokenises_text_like_vllm_and_takes_token_ids(tmp_path):
     assert [len(o.outputs[0].token_ids) for o in out] == [2, 2]
 
     too_long = " ".join(tiny.llama3_vocab_words()[10:30])  # 20 words + BOS = 21 > 20
-    with pytest.raises(ValueError, match=r"^The decoder prompt \(length 21\) is longer than the maximum model "
-                                         r"length of 20\. Make sure that `max_model_len` is no smaller"):
+    with pytest.raises(
+        ValueError,
+        match=r"^The decoder prompt \(length 21\) is longer than the maximum model "
+        r"length of 20\. Make sure that `max_model_len` is no smaller",
+    ):
         llm.generate(too_long, params, use_tqdm=False)
     assert llm.received_prompt_ids[-1] == [[BOS_ID] + tok(too_long, add_special_tokens=False).input_ids]
 
@@ -93,18 +96,21 @@ def _long_text_dataset():
 
     words = tiny.vocab_words()
     # 20 words each: longer than max_prompt_length (16), within the colocate max_model_len (16 + 8)
-    return Dataset.from_dict({"prompt": [" ".join(words[(i * 31 + j * 7) % 400] for j in range(20))
-                                         for i in range(4)]})
+    return Dataset.from_dict({"prompt": [" ".join(words[(i * 31 + j * 7) % 400] for j in range(20)) for i in range(4)]})
 
 
 def _chat_dataset(words_per_prompt):
     from datasets import Dataset
 
     words = tiny.llama3_vocab_words()[3:]
-    return Dataset.from_dict({"prompt": [
-        [{"role": "user", "content": " ".join(words[(i * 31 + j * 7) % 400] for j in range(words_per_prompt))}]
-        for i in range(4)
-    ]})
+    return Dataset.from_dict(
+        {
+            "prompt": [
+                [{"role": "user", "content": " ".join(words[(i * 31 + j * 7) % 400] for j in range(words_per_prompt))}]
+                for i in range(4)
+            ]
+        }
+    )
 
 
 def _train(tmp_path, tokenizer, dataset, **overrides):
@@ -114,16 +120,26 @@ def _train(tmp_path, tokenizer, dataset, **overrides):
     from trl.data_utils import maybe_apply_chat_template
 
     path = tiny.save_tiny(tmp_path / "model", "llama", tokenizer=tokenizer)  # vLLM loads this tokenizer
-    trainer = grpo_run.make_trainer(tmp_path, model=path, use_vllm=True, steps=2, train_dataset=dataset,
-                                    processing_class=tokenizer, max_prompt_length=MAX_PROMPT,
-                                    max_completion_length=8, **overrides)
+    trainer = grpo_run.make_trainer(
+        tmp_path,
+        model=path,
+        use_vllm=True,
+        steps=2,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        max_prompt_length=MAX_PROMPT,
+        max_completion_length=8,
+        **overrides,
+    )
     seen_by_loss = grpo_run.spy_training_prompt_ids(trainer)
     trainer.train()
     assert grpo_run.finite_losses(trainer.state.log_history)
     received = {tuple(ids) for call in trainer.llm.received_prompt_ids for ids in call}
     # TRL's training tokenisation of the prompts of this dataset
-    expected = {tuple(tokenizer(maybe_apply_chat_template(x, tokenizer)["prompt"], add_special_tokens=False)
-                      .input_ids[-MAX_PROMPT:]) for x in dataset}
+    expected = {
+        tuple(tokenizer(maybe_apply_chat_template(x, tokenizer)["prompt"], add_special_tokens=False).input_ids[-MAX_PROMPT:])
+        for x in dataset
+    }
     if seen_by_loss is not None:  # TRL >= 0.15 returns them: check the test's reading of TRL
         assert seen_by_loss == expected
     return received, expected
@@ -159,9 +175,15 @@ def test_truncation_crash_without_the_patch(tmp_path, unpatched):
 
     settings = _crash_settings()
     words = tiny.vocab_words()
-    dataset = Dataset.from_dict({"prompt": [" ".join(words[i:i + 30]) for i in range(4)]})
-    with unpatched(TRUNCATION), pytest.raises(ValueError, match=r"The decoder prompt \(length 30\) is longer than "
-                                                                r"the maximum model length of 24\."):
+    dataset = Dataset.from_dict({"prompt": [" ".join(words[i : i + 30]) for i in range(4)]})
+    with (
+        unpatched(TRUNCATION),
+        pytest.raises(
+            ValueError,
+            match=r"The decoder prompt \(length 30\) is longer than "
+            r"the maximum model length of 24\.",
+        ),
+    ):
         _train(tmp_path, tiny.make_tokenizer(), dataset, **settings)
     received, expected = _train(tmp_path / "patched", tiny.make_tokenizer(), dataset, **settings)
     assert received == expected
@@ -189,10 +211,9 @@ def test_double_bos_leaves_prompts_alone_that_tokenise_alike(tmp_path):
     _grpo_or_skip(DOUBLE_BOS)
     from datasets import Dataset
 
-    dataset = Dataset.from_dict({"prompt": [" ".join(tiny.vocab_words()[i:i + 5]) for i in range(4)]})
+    dataset = Dataset.from_dict({"prompt": [" ".join(tiny.vocab_words()[i : i + 5]) for i in range(4)]})
     path = tiny.save_tiny(tmp_path / "model", "llama")
-    trainer = grpo_run.make_trainer(tmp_path, model=path, use_vllm=True, steps=1, train_dataset=dataset,
-                                    max_prompt_length=MAX_PROMPT)
+    trainer = grpo_run.make_trainer(tmp_path, model=path, use_vllm=True, steps=1, train_dataset=dataset, max_prompt_length=MAX_PROMPT)
     sent = []
     generate = trainer.llm.generate
 
@@ -240,12 +261,15 @@ class _FakeClient:
 
 
 @requires_tokenizers
-@pytest.mark.parametrize("fixes, words", [
-    ((TRUNCATION, DOUBLE_BOS), 3),
-    ((TRUNCATION, SPECIAL, DOUBLE_BOS), 3),
-    ((TRUNCATION, DOUBLE_BOS), 10),
-    ((TRUNCATION, SPECIAL, DOUBLE_BOS), 10),
-])
+@pytest.mark.parametrize(
+    "fixes, words",
+    [
+        ((TRUNCATION, DOUBLE_BOS), 3),
+        ((TRUNCATION, SPECIAL, DOUBLE_BOS), 3),
+        ((TRUNCATION, DOUBLE_BOS), 10),
+        ((TRUNCATION, SPECIAL, DOUBLE_BOS), 10),
+    ],
+)
 def test_server_text_tokenises_to_the_training_ids(fixes, words, caplog):
     """Exact where a text can say it; a truncated prompt has lost its BOS, which no text can
     keep the server's tokenizer from adding back: one BOS too many, and a warning."""
@@ -253,9 +277,14 @@ def test_server_text_tokenises_to_the_training_ids(fixes, words, caplog):
 
     tok = tiny.make_llama3_tokenizer()
     client = _FakeClient()
-    trainer = SimpleNamespace(processing_class=tok, max_prompt_length=MAX_PROMPT, vllm_client=client,
-                              vllm_mode="server", accelerator=SimpleNamespace(num_processes=1))
-    words_list = tiny.llama3_vocab_words()[3:3 + words]
+    trainer = SimpleNamespace(
+        processing_class=tok,
+        max_prompt_length=MAX_PROMPT,
+        vllm_client=client,
+        vllm_mode="server",
+        accelerator=SimpleNamespace(num_processes=1),
+    )
+    words_list = tiny.llama3_vocab_words()[3 : 3 + words]
     inputs = [{"prompt": [{"role": "user", "content": " ".join(words_list)}]}]
     text = tok.apply_chat_template(inputs[0]["prompt"], tokenize=False, add_generation_prompt=True)
     training = tok(text, add_special_tokens=False).input_ids[-MAX_PROMPT:]
@@ -288,15 +317,15 @@ def _nested(trainer, fixes, inputs):
 
 # -- the probes ------------------------------------------------------------------------------------
 
-_V014 = '''
+_V014 = """
     def compute_loss(self, model, inputs):
         prompt_inputs = self.processing_class(prompts_text, padding_side="left", add_special_tokens=False)
         if self.max_prompt_length is not None:
             prompt_inputs["input_ids"] = prompt_inputs["input_ids"][:, -self.max_prompt_length :]
         all_prompts_text = gather_object(prompts_text)
         outputs = self.llm.generate(all_prompts_text, sampling_params=self.sampling_params, use_tqdm=False)
-'''
-_V017_SERVER = '''
+"""
+_V017_SERVER = """
     def _generate_and_score_completions(self, inputs):
         prompt_inputs = self.processing_class(text=prompts_text, add_special_tokens=False)
         if self.max_prompt_length is not None:
@@ -304,8 +333,8 @@ _V017_SERVER = '''
         ordered_set_of_prompts = all_prompts_text[:: self.num_generations]
         completion_ids = self.vllm_client.generate(
             prompts=ordered_set_of_prompts, n=self.num_generations)
-'''
-_V0190 = '''
+"""
+_V0190 = """
     def _generate_and_score_completions(self, inputs):
         prompt_inputs = self.processing_class(text=prompts_text, add_special_tokens=False)
         if self.max_prompt_length is not None:
@@ -314,27 +343,30 @@ _V0190 = '''
                 prompt_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
             )
         all_outputs = self.llm.generate(all_prompts_text, sampling_params=sampling_params, use_tqdm=False)
-'''
+"""
 _V0191 = _V0190.replace("skip_special_tokens=True", "skip_special_tokens=False")
-_TOKENS = '''
+_TOKENS = """
     def _generate_and_score_completions(self, inputs):
         prompt_inputs = self.processing_class(text=prompts_text, add_special_tokens=False)
         all_outputs = self.llm.generate(prompts=[{"prompt_token_ids": p} for p in prompt_ids])
-'''
-_NO_VLLM = '''
+"""
+_NO_VLLM = """
     def _generate_and_score_completions(self, inputs):
         return self.model.generate(inputs)
-'''
+"""
 
 
-@pytest.mark.parametrize("body, truncation, special, double_bos", [
-    (_V014, True, False, True),
-    (_V017_SERVER, True, False, True),
-    (_V0190, False, True, True),
-    (_V0191, False, False, True),
-    (_TOKENS, False, False, False),
-    (_NO_VLLM, None, None, None),
-])
+@pytest.mark.parametrize(
+    "body, truncation, special, double_bos",
+    [
+        (_V014, True, False, True),
+        (_V017_SERVER, True, False, True),
+        (_V0190, False, True, True),
+        (_V0191, False, False, True),
+        (_TOKENS, False, False, False),
+        (_NO_VLLM, None, None, None),
+    ],
+)
 def test_probes_read_the_generation_method(tmp_path, monkeypatch, body, truncation, special, double_bos):
     from trl_compat.patches import vllm_double_bos, vllm_prompt_special_tokens, vllm_prompt_truncation
 

@@ -143,8 +143,16 @@ def check_stream(model, *, formula=True):
     got = list(vllm_sync.iter_vllm_weights(model))
     names = [n for n, _ in got]
     assert names == list(ref)  # base names, state_dict order, nothing extra, nothing missing
-    assert not [n for n in names if "lora_" in n or "base_layer" in n or "base_model" in n
-                or "modules_to_save" in n or "original_module" in n or "_orig_mod" in n]
+    assert not [
+        n
+        for n in names
+        if "lora_" in n
+        or "base_layer" in n
+        or "base_model" in n
+        or "modules_to_save" in n
+        or "original_module" in n
+        or "_orig_mod" in n
+    ]
     for name, tensor in got:
         assert tensor.dtype == ref[name].dtype and torch.equal(tensor, ref[name]), name
     assert_untouched(model, snap)
@@ -188,8 +196,9 @@ def _two_adapters(active):
     with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
         warnings.simplefilter("ignore")
         torch.manual_seed(1)
-        model.add_adapter("b", LoraConfig(r=4, lora_alpha=32, target_modules=["q_proj", "v_proj"],
-                                          use_rslora=True, init_lora_weights=False))
+        model.add_adapter(
+            "b", LoraConfig(r=4, lora_alpha=32, target_modules=["q_proj", "v_proj"], use_rslora=True, init_lora_weights=False)
+        )
     if active == "both":
         model.base_model.set_adapter(["default", "b"])
     else:
@@ -249,19 +258,20 @@ LORA_CASES = {
     "fp32-base-bf16-adapters": lambda: _adapters_to(lora(), torch.bfloat16),
     "llama": lambda: lora(tiny.make_model("llama")),
     "scaling-one": lambda: lora(lora_alpha=8),  # r=8: scaling 1.0, the multiply is skipped
-    **{f"scaling-{alpha / 8}-{name}": (lambda alpha=alpha, dtypes=dtypes: _scaled(alpha, *dtypes))
-       for alpha in (32, 12, 4)  # 4.0 (folded), 1.5 and 0.5 (not)
-       for name, dtypes in (("fp32", ()), ("bf16-base-fp32-adapters", (torch.bfloat16,)),
-                            ("bf16", (torch.bfloat16, torch.bfloat16)))},
+    **{
+        f"scaling-{alpha / 8}-{name}": (lambda alpha=alpha, dtypes=dtypes: _scaled(alpha, *dtypes))
+        for alpha in (32, 12, 4)  # 4.0 (folded), 1.5 and 0.5 (not)
+        for name, dtypes in (("fp32", ()), ("bf16-base-fp32-adapters", (torch.bfloat16,)), ("bf16", (torch.bfloat16, torch.bfloat16)))
+    },
     "second-adapter-active-rslora": lambda: _two_adapters("b"),
     "two-adapters-active": lambda: _two_adapters("both"),
     "already-merged": _already_merged,
     "modules-to-save-and-embedding-lora": _modules_to_save,
-    "tied-embeddings-lora-on-embedding": lambda: lora(tiny.make_model("qwen2", tie_word_embeddings=True),
-                                                       target_modules=["embed_tokens", "q_proj"]),
+    "tied-embeddings-lora-on-embedding": lambda: lora(
+        tiny.make_model("qwen2", tie_word_embeddings=True), target_modules=["embed_tokens", "q_proj"]
+    ),
     "gpt2-fan-in-fan-out": lambda: lora(_gpt2(), target_modules=["c_attn", "c_proj", "c_fc"], fan_in_fan_out=True),
-    "gpt2-fan-in-fan-out-bf16": lambda: lora(_gpt2(), dtype=torch.bfloat16, target_modules=["c_attn", "c_fc"],
-                                             fan_in_fan_out=True),
+    "gpt2-fan-in-fan-out-bf16": lambda: lora(_gpt2(), dtype=torch.bfloat16, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True),
     # merged by PEFT's own merge() on a private copy of the layer:
     "dora": lambda: lora(use_dora=True),
     "lora-bias": _lora_bias,
@@ -291,8 +301,7 @@ def test_lora_merged_is_not_base():
     assert (got["model.layers.1.mlp.down_proj.weight"] - base).abs().max() > 1e-2
 
 
-DTYPES = {"fp32": (), "bf16-base-fp32-adapters": (torch.bfloat16, torch.float32),
-          "bf16": (torch.bfloat16, torch.bfloat16)}
+DTYPES = {"fp32": (), "bf16-base-fp32-adapters": (torch.bfloat16, torch.float32), "bf16": (torch.bfloat16, torch.bfloat16)}
 
 
 @needs_peft
@@ -339,8 +348,10 @@ def test_scaling_not_folded_where_that_changes_bits(trap, adapters):
         if a_value is not None:
             layer.lora_A["default"].weight.fill_(a_value)
             layer.lora_B["default"].weight.fill_(b_value)
-    weight_a, weight_b = (layer.lora_A["default"].weight.detach().float(),
-                          layer.lora_B["default"].weight.detach().float())  # PEFT's CPU math
+    weight_a, weight_b = (
+        layer.lora_A["default"].weight.detach().float(),
+        layer.lora_B["default"].weight.detach().float(),
+    )  # PEFT's CPU math
     peft_delta = copy.deepcopy(layer).get_delta_weight("default")
     assert not torch.equal(((weight_b * scaling) @ weight_a).to(peft_delta.dtype), peft_delta)  # a real trap
     assert not fold.fold_is_exact(weight_a, weight_b, scaling)
@@ -381,8 +392,11 @@ def test_merged_buffers_reused_only_when_nobody_holds_them(case, question_adds_a
         monkeypatch.setattr(merge, "_storage_users", lambda: lambda cdata: real(cdata) - 1)
     model = LORA_CASES[case]()
     ref = reference_state(model)
-    lora_names = {n + ".weight" for n, m in peel(model, peft=False, fsdp=False).get_base_model().named_modules()
-                  if hasattr(m, "lora_A") and m.lora_A}
+    lora_names = {
+        n + ".weight"
+        for n, m in peel(model, peft=False, fsdp=False).get_base_model().named_modules()
+        if hasattr(m, "lora_A") and m.lora_A
+    }
     addresses = set()
     for name, tensor in vllm_sync.iter_vllm_weights(model):
         assert torch.equal(tensor, ref[name]), name
@@ -407,8 +421,7 @@ def test_unknown_structure_is_refused_before_anything_is_sent():
     model.model.layers[0] = FullyShardedDataParallel(model.model.layers[0])
     with pytest.raises(vllm_sync.UnsupportedModel, match="FSDP"):
         vllm_sync.iter_vllm_weights(model)
-    trainer = types.SimpleNamespace(model=model, accelerator=types.SimpleNamespace(is_main_process=True),
-                                    llm=None)
+    trainer = types.SimpleNamespace(model=model, accelerator=types.SimpleNamespace(is_main_process=True), llm=None)
     assert vllm_sync.sync_trainer(trainer) is False  # -> TRL's own code runs instead
 
 
@@ -430,8 +443,19 @@ def _fake_trainer(model, llm):
 
 
 @needs_standin
-@pytest.mark.parametrize("case", ["full-ft", "compiled-full-ft", "lora", "compiled-lora", "bf16-lora",
-                                  "modules-to-save-and-embedding-lora", "two-adapters-active", "dora"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "full-ft",
+        "compiled-full-ft",
+        "lora",
+        "compiled-lora",
+        "bf16-lora",
+        "modules-to-save-and-embedding-lora",
+        "two-adapters-active",
+        "dora",
+    ],
+)
 def test_standin_holds_exactly_the_merged_weights(tmp_path, case):
     if case not in ("full-ft", "compiled-full-ft") and not HAVE_PEFT:
         pytest.skip("peft is not installed")
@@ -541,10 +565,11 @@ def test_dev_build_variants(tmp_path, variant):
     from trl_compat.patches import vllm_lora_names, vllm_merged_weights
 
     path = tmp_path / "grpo_dev.py"
-    path.write_text("import contextlib\n\n"
-                    "@contextlib.contextmanager\ndef unwrap_model_for_generation(model, accelerator):\n"
-                    "    yield model\n\ndef is_compiled_module(model):\n    return False\n"
-                    + DEV_SOURCES[variant])
+    path.write_text(
+        "import contextlib\n\n"
+        "@contextlib.contextmanager\ndef unwrap_model_for_generation(model, accelerator):\n"
+        "    yield model\n\ndef is_compiled_module(model):\n    return False\n" + DEV_SOURCES[variant]
+    )
     spec = importlib.util.spec_from_file_location(f"grpo_dev_{abs(hash(variant))}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -663,12 +688,21 @@ class SyncSpy:
             finally:
                 if self.llm_model.weights_version != version:
                     now = dict(model.named_parameters())
-                    changed = [n for n, (p, v, ptr) in snap.items()
-                               if now.get(n) is not p or p.data_ptr() != ptr or not torch.equal(p.detach(), v)]
-                    self.records.append(dict(
-                        step=trainer.state.global_step, merged=merged, base=base, changed=changed,
-                        held=self.llm_model.hf_state_dict(), names=list(self.llm_model.received_names[-1]),
-                    ))
+                    changed = [
+                        n
+                        for n, (p, v, ptr) in snap.items()
+                        if now.get(n) is not p or p.data_ptr() != ptr or not torch.equal(p.detach(), v)
+                    ]
+                    self.records.append(
+                        dict(
+                            step=trainer.state.global_step,
+                            merged=merged,
+                            base=base,
+                            changed=changed,
+                            held=self.llm_model.hf_state_dict(),
+                            names=list(self.llm_model.received_names[-1]),
+                        )
+                    )
 
         setattr(trainer, name, spy)
 
@@ -765,9 +799,13 @@ def _zero3_worker(out_path):
     model = _modules_to_save()  # LoRA on Linear + Embedding, a modules_to_save lm_head
     ref = reference_state(model)
     engine, *_ = deepspeed.initialize(
-        model=model, optimizer=torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0),
-        config={"train_micro_batch_size_per_gpu": 1, "zero_allow_untested_optimizer": True,
-                "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}},
+        model=model,
+        optimizer=torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0),
+        config={
+            "train_micro_batch_size_per_gpu": 1,
+            "zero_allow_untested_optimizer": True,
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+        },
     )
     q_proj = model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight
     partitioned = hasattr(q_proj, "ds_id") and q_proj.numel() == 0
@@ -784,8 +822,7 @@ def _zero3_worker(out_path):
     results = {"rank": rank, "partitioned": partitioned}
     # as TRL 0.14/0.15 hold it: trainer.model is the bare (partitioned) PeftModel
     receiver = Receiver() if rank == 0 else None
-    trainer = types.SimpleNamespace(model=model, accelerator=types.SimpleNamespace(is_main_process=rank == 0),
-                                    llm=None)
+    trainer = types.SimpleNamespace(model=model, accelerator=types.SimpleNamespace(is_main_process=rank == 0), llm=None)
     if rank == 0:
         vllm_sync.trainer.vllm_model_of = lambda _trainer: receiver
     handled = vllm_sync.sync_trainer(trainer)
@@ -814,13 +851,28 @@ def test_zero3_two_ranks(tmp_path):
     import subprocess
 
     pytest.importorskip("deepspeed")
-    env = child_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu",
-               PYTHONUNBUFFERED="1", TRL_COMPAT_STRICT="1")
+    env = child_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu", PYTHONUNBUFFERED="1", TRL_COMPAT_STRICT="1")
     out = tmp_path / "z3"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           os.path.abspath(__file__), "--zero3-worker", str(out)]
-    proc = subprocess.run(cmd, env=env, cwd=os.path.dirname(os.path.abspath(__file__)),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        os.path.abspath(__file__),
+        "--zero3-worker",
+        str(out),
+    ]
+    proc = subprocess.run(
+        cmd,
+        env=env,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-6000:]
     ranks = [json.loads(open(f"{out}.{r}").read()) for r in (0, 1)]
     for res in ranks:

@@ -77,8 +77,7 @@ def installed(request, tmp_path):
     else:
         url, init = vcs_url(tmp_path)
         # the commit's own version: the working tree may carry an uncommitted bump
-        expected = next(line.split("=", 1)[1].strip().strip("\"'") for line in init.splitlines()
-                        if line.startswith("__version__"))
+        expected = next(line.split("=", 1)[1].strip().strip("\"'") for line in init.splitlines() if line.startswith("__version__"))
     requirements = tmp_path / "requirements.txt"
     requirements.write_text(f"trl-compat @ {url}\npackaging\n")
     env_dir = tmp_path / "venv"
@@ -95,9 +94,13 @@ def installed(request, tmp_path):
 def test_installed_version_script_report_and_start_up_files(installed, tmp_path):
     python, site, expected, pip = installed
     env = clean_env()
-    out = run(python, "-c", "import importlib.metadata as m, trl_compat; "
-                            "print(m.version('trl-compat'), trl_compat.__version__, trl_compat.__file__)",
-              cwd=tmp_path, env=env).split()
+    out = run(
+        python,
+        "-c",
+        "import importlib.metadata as m, trl_compat; print(m.version('trl-compat'), trl_compat.__version__, trl_compat.__file__)",
+        cwd=tmp_path,
+        env=env,
+    ).split()
     assert out[:2] == [expected, expected]
     assert Path(out[2]).resolve().is_relative_to(site.resolve()), out[2]  # the installed copy, not the tree
 

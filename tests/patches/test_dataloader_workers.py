@@ -38,7 +38,8 @@ SEED_WORKER = "seed_worker() missing 2 required positional arguments: 'num_worke
 needs_trl = pytest.mark.skipif(not HAVE_TRL, reason="needs trl")
 collator_only = pytest.mark.skipif(not LOCAL_COLLATOR, reason="TRL's collator is a local function in trl 0.14.0-0.18.1")
 seed_worker_only = pytest.mark.skipif(
-    not BARE_SEED_WORKER, reason="the bare seed_worker breaks trl 0.17.0-0.18.1 on transformers >= 4.52 only")
+    not BARE_SEED_WORKER, reason="the bare seed_worker breaks trl 0.17.0-0.18.1 on transformers >= 4.52 only"
+)
 
 
 @needs_trl
@@ -80,8 +81,9 @@ def _train(tmp_path, workers):
                 received.append([x["prompt"] for x in inputs])
             return super()._prepare_inputs(inputs)
 
-    trainer = grpo_run.make_trainer(tmp_path, steps=2, trainer_cls=Recording, dataloader_num_workers=workers,
-                                    train_dataset=grpo_run.tiny.prompt_dataset(8))
+    trainer = grpo_run.make_trainer(
+        tmp_path, steps=2, trainer_cls=Recording, dataloader_num_workers=workers, train_dataset=grpo_run.tiny.prompt_dataset(8)
+    )
     trainer.train()
     return trainer, received
 

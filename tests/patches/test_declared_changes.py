@@ -51,5 +51,7 @@ def test_apply_changes_only_what_the_entry_declares(patch):
 def test_qualified_names_follow_the_convention():
     patch = next(p for p in PATCHES if p.id == "transformers5-warnings-issued")
     assert qualified(patch, "GRPOTrainer.__init__") == f"{patch.trigger}.GRPOTrainer.__init__"
-    assert qualified(patch, "transformers.modeling_utils:PreTrainedModel.warnings_issued") == \
-        "transformers.modeling_utils.PreTrainedModel.warnings_issued"
+    assert (
+        qualified(patch, "transformers.modeling_utils:PreTrainedModel.warnings_issued")
+        == "transformers.modeling_utils.PreTrainedModel.warnings_issued"
+    )

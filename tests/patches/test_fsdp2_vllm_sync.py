@@ -9,7 +9,6 @@ weights. One launch with the patch (strict mode), one with ``TRL_COMPAT_DISABLE`
 About 30-60 s per launch on 2 cores; only TRL 0.18.x/0.19.x (the window) run them.
 """
 
-
 import trl_compat
 from trl_compat.patches import fsdp2_vllm_sync
 
@@ -73,8 +72,7 @@ def model_dir(tmp_path_factory):
 
 
 def launch(model_dir, out_dir, disable="", peft=False):
-    return launch_two("fsdp2_worker.py", model_dir, out_dir, *(["peft"] if peft else []), marker="F2|", disable=disable,
-                      timeout=480)
+    return launch_two("fsdp2_worker.py", model_dir, out_dir, *(["peft"] if peft else []), marker="F2|", disable=disable, timeout=480)
 
 
 def check_fsdp2_training(run, peft=False):

@@ -47,8 +47,9 @@ HAVE_DS = DS is not None and importlib.util.find_spec("deepspeed") is not None
 TRL_014 = HAVE_TRL and Version("0.14.0") <= TRL < Version("0.15.0")
 
 needs_trl = pytest.mark.skipif(not HAVE_TRL, reason="needs trl")
-only_014 = pytest.mark.skipif(not TRL_014, reason="the bug is in trl 0.14.0 (cells trl0.14.0-tf4.46.3, "
-                                                  "trl0.14.0-tf4.52.4); fixed in 0.15.0")
+only_014 = pytest.mark.skipif(
+    not TRL_014, reason="the bug is in trl 0.14.0 (cells trl0.14.0-tf4.46.3, trl0.14.0-tf4.52.4); fixed in 0.15.0"
+)
 
 
 @needs_trl
@@ -113,8 +114,7 @@ def test_eval_during_training_reports_eval_metrics_apart_from_training(tmp_path)
         return rewards
 
     # logging_steps=2: step 1's training metrics must wait for the step-2 log, past an evaluation.
-    trainer = _trainer(tmp_path, steps=2, reward_funcs=[varying_reward], eval_strategy="steps", eval_steps=1,
-                       logging_steps=2)
+    trainer = _trainer(tmp_path, steps=2, reward_funcs=[varying_reward], eval_strategy="steps", eval_steps=1, logging_steps=2)
     holder["trainer"] = trainer
     trainer.train()
 
@@ -159,12 +159,26 @@ def test_zero3_two_processes_eval_needs_both_patches(tmp_path):
 
     model_dir = tiny.save_tiny(tmp_path / "tiny_qwen2", "qwen2")
     env = dict(os.environ)
-    env.update(TRL_COMPAT_STRICT="1", TRL_COMPAT_DISABLE="", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
-               DS_ACCELERATOR="cpu", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           WORKER, str(model_dir), str(tmp_path / "out")]
-    proc = subprocess.run(cmd, env=env, cwd=SUPPORT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=420)
+    env.update(
+        TRL_COMPAT_STRICT="1",
+        TRL_COMPAT_DISABLE="",
+        OMP_NUM_THREADS="1",
+        CUDA_VISIBLE_DEVICES="",
+        DS_ACCELERATOR="cpu",
+        PYTHONUNBUFFERED="1",
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        WORKER,
+        str(model_dir),
+        str(tmp_path / "out"),
+    ]
+    proc = subprocess.run(cmd, env=env, cwd=SUPPORT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=420)
     tail = proc.stdout[-6000:]
     assert proc.returncode == 0, tail
     events = _events(proc.stdout)
@@ -176,8 +190,9 @@ def test_zero3_two_processes_eval_needs_both_patches(tmp_path):
 
     hooks_api = trl_compat.APPLIED if DS >= Version("0.16.4") else trl_compat.NOT_NEEDED
     for versions in per_rank("versions"):
-        assert versions["statuses"] == {PID: trl_compat.APPLIED, "zero3-unwrap": trl_compat.APPLIED,
-                                        "zero3-hooks-api": hooks_api}, versions
+        assert versions["statuses"] == {PID: trl_compat.APPLIED, "zero3-unwrap": trl_compat.APPLIED, "zero3-hooks-api": hooks_api}, (
+            versions
+        )
 
     # The evaluation at the start of training (eval_on_start), with both patches.
     evals = []

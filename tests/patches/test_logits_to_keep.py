@@ -77,8 +77,9 @@ def neither_class():
 
 NEITHER = neither_class()
 NEITHER_ARCH = {"OPTForCausalLM": "opt", "TrOCRForCausalLM": "trocr"}.get(getattr(NEITHER, "__name__", ""), "")
-needs_neither = pytest.mark.skipif(NEITHER is None, reason=f"transformers {TF} has no tiny-buildable causal LM "
-                                                           "whose forward lacks both names")
+needs_neither = pytest.mark.skipif(
+    NEITHER is None, reason=f"transformers {TF} has no tiny-buildable causal LM whose forward lacks both names"
+)
 
 
 def neither_has_var_kw():
@@ -101,14 +102,37 @@ def make_neither(dtype=torch.float32):
     from transformers import OPTConfig, TrOCRConfig
 
     if NEITHER_ARCH == "opt":
-        config = OPTConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, ffn_dim=128, num_attention_heads=4,
-                           max_position_embeddings=64, word_embed_proj_dim=64, dropout=0.0, attention_dropout=0.0,
-                           pad_token_id=0, bos_token_id=1, eos_token_id=1)
+        config = OPTConfig(
+            vocab_size=512,
+            hidden_size=64,
+            num_hidden_layers=2,
+            ffn_dim=128,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+            word_embed_proj_dim=64,
+            dropout=0.0,
+            attention_dropout=0.0,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=1,
+        )
     else:
-        config = TrOCRConfig(vocab_size=512, d_model=64, decoder_layers=2, decoder_attention_heads=4,
-                             decoder_ffn_dim=128, max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
-                             activation_dropout=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=1,
-                             decoder_start_token_id=1, use_learned_position_embeddings=True)
+        config = TrOCRConfig(
+            vocab_size=512,
+            d_model=64,
+            decoder_layers=2,
+            decoder_attention_heads=4,
+            decoder_ffn_dim=128,
+            max_position_embeddings=64,
+            dropout=0.0,
+            attention_dropout=0.0,
+            activation_dropout=0.0,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=1,
+            decoder_start_token_id=1,
+            use_learned_position_embeddings=True,
+        )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = NEITHER(config)
@@ -130,7 +154,7 @@ def reference_logps(model, ids, mask, k):
     """Log-probs of the last k tokens from a plain forward (no logits kwarg): the ground truth."""
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask).logits
-    logps = logits[:, -k - 1:-1].float().log_softmax(-1)
+    logps = logits[:, -k - 1 : -1].float().log_softmax(-1)
     return torch.gather(logps, 2, ids[:, -k:, None])[..., 0]
 
 
@@ -155,8 +179,7 @@ def nested_get_per_token_logps():
     """TRL 0.14.0's ``get_per_token_logps``, built from the code object nested in ``compute_loss``."""
     gt = grpo_module()
     outer = inspect.unwrap(gt.GRPOTrainer.compute_loss)
-    code = next(c for c in outer.__code__.co_consts
-                if isinstance(c, types.CodeType) and c.co_name == "get_per_token_logps")
+    code = next(c for c in outer.__code__.co_consts if isinstance(c, types.CodeType) and c.co_name == "get_per_token_logps")
     assert not code.co_freevars
     return types.FunctionType(code, outer.__globals__)
 
@@ -259,14 +282,17 @@ def facts():
 IDS = torch.arange(1, 13).reshape(2, 6) % 31 + 1
 
 
-@pytest.mark.parametrize("cls,passed,action,seen", [
-    (OldLM, NEW, RENAME, {"num_logits_to_keep": 3}),  # TRL 0.15-0.18 on transformers <= 4.48
-    (NewLM, OLD, RENAME, {"logits_to_keep": 3}),  # TRL 0.14.0 on transformers >= 4.52
-    (NewLM, NEW, MATCH, {"logits_to_keep": 3}),
-    (OldLM, OLD, MATCH, {"num_logits_to_keep": 3}),
-    (NeitherKwLM, NEW, SLICE, {"logits_to_keep": 3}),  # kept: **kwargs may pass it on
-    (NeitherStrictLM, OLD, SLICE, {}),  # dropped: it would raise TypeError
-])
+@pytest.mark.parametrize(
+    "cls,passed,action,seen",
+    [
+        (OldLM, NEW, RENAME, {"num_logits_to_keep": 3}),  # TRL 0.15-0.18 on transformers <= 4.48
+        (NewLM, OLD, RENAME, {"logits_to_keep": 3}),  # TRL 0.14.0 on transformers >= 4.52
+        (NewLM, NEW, MATCH, {"logits_to_keep": 3}),
+        (OldLM, OLD, MATCH, {"num_logits_to_keep": 3}),
+        (NeitherKwLM, NEW, SLICE, {"logits_to_keep": 3}),  # kept: **kwargs may pass it on
+        (NeitherStrictLM, OLD, SLICE, {}),  # dropped: it would raise TypeError
+    ],
+)
 def test_synthetic_forward_gets_the_request(facts, cls, passed, action, seen):
     facts(passed, fallback=False)
     model = cls()
@@ -495,7 +521,7 @@ def test_neither_name_bf16_is_silently_misaligned_without_the_patch(unpatched):
         full = model(input_ids=ids, attention_mask=mask).logits
     from trl.trainer.utils import selective_log_softmax
 
-    ref = selective_log_softmax(full[:, -k - 1:-1], ids[:, -k:])  # TRL's own bf16 path, right positions
+    ref = selective_log_softmax(full[:, -k - 1 : -1], ids[:, -k:])  # TRL's own bf16 path, right positions
     with unpatched(PID):
         assert max_err(trl_logps(model, ids, mask, k), ref) > 0.1  # no error raised, values wrong
     assert max_err(trl_logps(model, ids, mask, k), ref) == 0.0

@@ -32,11 +32,13 @@ needs_bug = pytest.mark.skipif(not BUGGY, reason=f"TRL {TRL} passes the attentio
 
 def test_mask_masks_leading_pads_and_completion_after_first_eos():
     pad, eos = 0, 1
-    ids = torch.tensor([
-        [0, 0, 7, 8, 9, 1, 0],  # two left pads; completion ends with EOS then a pad
-        [5, 6, 7, 8, 9, 10, 11],  # no pad, no EOS
-        [0, 0, 0, 0, 9, 9, 1],  # EOS on the last completion token
-    ])
+    ids = torch.tensor(
+        [
+            [0, 0, 7, 8, 9, 1, 0],  # two left pads; completion ends with EOS then a pad
+            [5, 6, 7, 8, 9, 10, 11],  # no pad, no EOS
+            [0, 0, 0, 0, 9, 9, 1],  # EOS on the last completion token
+        ]
+    )
     mask = lam.logps_mask(ids, completion_length=3, pad_token_id=pad, eos_token_id=eos)
     assert mask.tolist() == [
         [0, 0, 1, 1, 1, 1, 0],
@@ -53,8 +55,7 @@ def _run(tmp_path):
     import logps_capture
     import tiny
 
-    trainer = grpo_run.make_trainer(tmp_path, model="qwen2", steps=1,
-                                    train_dataset=logps_capture.uneven_prompt_dataset())
+    trainer = grpo_run.make_trainer(tmp_path, model="qwen2", steps=1, train_dataset=logps_capture.uneven_prompt_dataset())
     calls = logps_capture.LogpsCalls(trainer, pad_token_id=trainer.processing_class.pad_token_id)
     try:
         trainer.train()
@@ -71,7 +72,7 @@ def _padded_rows(call, pad):
 
 def _until_first_eos(call, eos=1):
     """Completion positions up to and including the first EOS: the ones the loss uses."""
-    is_eos = call.ids[:, -call.k:].eq(eos).long()
+    is_eos = call.ids[:, -call.k :].eq(eos).long()
     return (is_eos.cumsum(1) - is_eos) == 0
 
 
@@ -85,7 +86,7 @@ def test_grpo_logps_are_those_of_the_unpadded_sequences(tmp_path):
         assert call.mask is not None
         assert call.mask[:, : call.ids.size(1) - call.k].eq(call.ids[:, : call.ids.size(1) - call.k].ne(0).long()).all()
         valid = _until_first_eos(call)
-        assert call.mask[:, -call.k:].eq(valid.long()).all()
+        assert call.mask[:, -call.k :].eq(valid.long()).all()
         torch.testing.assert_close(calls.trl_logps(call)[valid], call.unpadded[valid], atol=2e-5, rtol=1e-4)
         # logits-to-keep is applied too (this cell's model takes num_logits_to_keep, directly or renamed)
         assert call.rows == call.k + 1

@@ -82,8 +82,9 @@ def _run(tmp_path):
     import grpo_run
     import logps_capture
 
-    trainer = grpo_run.make_trainer(tmp_path, model="qwen2", steps=1, temperature=T,
-                                    train_dataset=logps_capture.uneven_prompt_dataset())
+    trainer = grpo_run.make_trainer(
+        tmp_path, model="qwen2", steps=1, temperature=T, train_dataset=logps_capture.uneven_prompt_dataset()
+    )
     assert trainer.args.temperature == T
     calls = logps_capture.LogpsCalls(trainer, pad_token_id=trainer.processing_class.pad_token_id, temperature=T)
     try:

@@ -31,8 +31,9 @@ BUGGY = TRL is not None and TRL < Version("0.17.0")
 needs_trl = pytest.mark.skipif(TRL is None, reason="trl is not installed")
 needs_bug = pytest.mark.skipif(not BUGGY, reason=f"TRL {TRL} sets pad = eos itself (fixed in 0.17.0)")
 # The runs below read TRL's log-prob calls as TRL 0.14 - 0.17 make them: the window and the first fixed release.
-runs_here = pytest.mark.skipif(TRL is None or TRL >= Version("0.18"),
-                               reason=f"TRL {TRL}: the pad-token runs cover the window and 0.17.0, its first fixed release")
+runs_here = pytest.mark.skipif(
+    TRL is None or TRL >= Version("0.18"), reason=f"TRL {TRL}: the pad-token runs cover the window and 0.17.0, its first fixed release"
+)
 
 
 def no_pad_tokenizer():
@@ -63,8 +64,9 @@ def _run(tmp_path, tokenizer):
     import grpo_run
     import logps_capture
 
-    trainer = grpo_run.make_trainer(tmp_path, model="qwen2", steps=1, processing_class=tokenizer,
-                                    train_dataset=logps_capture.uneven_prompt_dataset(WORDS))
+    trainer = grpo_run.make_trainer(
+        tmp_path, model="qwen2", steps=1, processing_class=tokenizer, train_dataset=logps_capture.uneven_prompt_dataset(WORDS)
+    )
     calls = logps_capture.LogpsCalls(trainer, pad_token_id=1)
     try:
         trainer.train()

@@ -35,8 +35,10 @@ def _run(tmp_path):
     handles = []
     for name, param in trainer.model.named_parameters():
         if param.requires_grad:
+
             def keep(grad, name=name):
                 first_grads.setdefault(name, grad.detach().abs().sum().item())
+
             handles.append(param.register_hook(keep))
     before = grpo_run.trainable_snapshot(trainer)
     try:
@@ -75,6 +77,7 @@ def test_non_reentrant_checkpointing_is_left_alone(tmp_path):
 
     reentrant = grpo_run.make_trainer(tmp_path / "r", model="qwen2", peft=True, gradient_checkpointing=True)
     assert reentrant.model.get_base_model()._require_grads_hook is not None
-    plain = grpo_run.make_trainer(tmp_path / "n", model="qwen2", peft=True, gradient_checkpointing=True,
-                                  gradient_checkpointing_kwargs={"use_reentrant": False})
+    plain = grpo_run.make_trainer(
+        tmp_path / "n", model="qwen2", peft=True, gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False}
+    )
     assert getattr(plain.model.get_base_model(), "_require_grads_hook", None) is None

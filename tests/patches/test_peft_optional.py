@@ -30,7 +30,7 @@ import pytest
 PATCH = declared("peft-optional")
 PID = PATCH.id
 
-DECO_SRC = '''
+DECO_SRC = """
 import functools
 
 def profiling_decorator(fn):  # like trl.extras.profiling: a decorator from another module
@@ -38,10 +38,10 @@ def profiling_decorator(fn):  # like trl.extras.profiling: a decorator from anot
     def wrapper(*args, **kwargs):
         return fn(*args, **kwargs)
     return wrapper
-'''
+"""
 
 # The shape of trl/trainer/grpo_trainer.py at commit 81221661c (PR #2725), without peft.
-TRAINER_SRC = '''
+TRAINER_SRC = """
 from .deco import profiling_decorator
 
 _PEFT = False  # what transformers' is_peft_available() said when the module was imported
@@ -79,9 +79,9 @@ class GRPOTrainer:
 
     def guarded(self):  # PR #2850's fix: not the bug
         return is_peft_available() and isinstance(self.model, PeftModel)
-'''
+"""
 
-GUARDED_SRC = '''
+GUARDED_SRC = """
 def is_peft_available():
     return False
 
@@ -92,9 +92,9 @@ class GRPOTrainer:
                 raise ImportError("PEFT is required to use `peft_config`. Run `pip install peft`.")
             model = get_peft_model(model, peft_config)
         self.model = model
-'''
+"""
 
-DEFINED_SRC = '''
+DEFINED_SRC = """
 class PeftModel:  # as if "from peft import PeftModel" had run
     pass
 
@@ -107,7 +107,7 @@ class GRPOTrainer:
 
     def _move_model_to_vllm(self):
         return isinstance(self.model, PeftModel)
-'''
+"""
 
 
 @pytest.fixture(autouse=True)
@@ -150,8 +150,15 @@ def no_peft(monkeypatch):
 def register_on(module_name):
     """The real PATCH's gate-free twin, pointed at another module."""
     patch = Patch(
-        id="test-peft-optional-" + uuid.uuid4().hex[:6], summary=PATCH.summary, upstream=PATCH.upstream,
-        trigger=module_name, must_exist=PATCH.must_exist, changes=PATCH.changes, requires={}, probe=PATCH.probe, apply=PATCH.apply,
+        id="test-peft-optional-" + uuid.uuid4().hex[:6],
+        summary=PATCH.summary,
+        upstream=PATCH.upstream,
+        trigger=module_name,
+        must_exist=PATCH.must_exist,
+        changes=PATCH.changes,
+        requires={},
+        probe=PATCH.probe,
+        apply=PATCH.apply,
     )
     engine.register(patch)
     return patch
@@ -215,8 +222,7 @@ def test_fix_on_the_synthetic_pattern(make_pkg, no_peft):
     with pytest.raises(ImportError, match="pip install peft"):
         mod.PeftModel.from_pretrained
     assert mod.WORK == []
-    assert list(inspect.signature(mod.GRPOTrainer.__init__).parameters) == [
-        "self", "model", "reward_funcs", "args", "peft_config"]
+    assert list(inspect.signature(mod.GRPOTrainer.__init__).parameters) == ["self", "model", "reward_funcs", "args", "peft_config"]
     # Once bound, the probe finds nothing left to fix (no double application).
     assert PATCH.probe(mod).needed is False
 
@@ -381,8 +387,7 @@ def _load_pr2725_variant(grpo, tmp_path):
         pytest.skip("this TRL has no colocated _move_model_to_vllm with an is_peft_model check")
     buggy_method = method.replace("is_peft_model(unwrapped_model)", BUGGY_LINE)
     source = source.replace(method, buggy_method)
-    source = re.sub(r"from peft import PeftConfig, get_peft_model",
-                    "from peft import PeftConfig, PeftModel, get_peft_model", source)
+    source = re.sub(r"from peft import PeftConfig, get_peft_model", "from peft import PeftConfig, PeftModel, get_peft_model", source)
     assert BUGGY_LINE in source and "PeftModel, get_peft_model" in source
     name = "trl.trainer._tc_grpo_pr2725_" + uuid.uuid4().hex[:6]
     path = tmp_path / "grpo_trainer_pr2725.py"

@@ -66,7 +66,12 @@ def _run(tmp_path, seen, resume=None):
 
     cls = _recording_trainer()
     trainer = grpo_run.make_trainer(
-        tmp_path, steps=2, trainer_cls=cls, num_iterations=2, save_strategy="steps", save_steps=1,
+        tmp_path,
+        steps=2,
+        trainer_cls=cls,
+        num_iterations=2,
+        save_strategy="steps",
+        save_steps=1,
         train_dataset=grpo_run.tiny.prompt_dataset(8),
     )
     trainer.seen = seen

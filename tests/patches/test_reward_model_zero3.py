@@ -36,8 +36,8 @@ TWO_PROCESS_CELL = AFFECTED and TRL.release[:2] in {(0, 14), (0, 16)} and TF < V
 
 needs_trl = pytest.mark.skipif(not HAVE_TRL, reason="needs trl")
 two_process = pytest.mark.skipif(
-    not TWO_PROCESS_CELL,
-    reason="2-process ZeRO-3 reward-model runs: trl 0.14.x / 0.16.x with deepspeed and transformers < 4.52 only")
+    not TWO_PROCESS_CELL, reason="2-process ZeRO-3 reward-model runs: trl 0.14.x / 0.16.x with deepspeed and transformers < 4.52 only"
+)
 
 
 @needs_trl

@@ -30,8 +30,10 @@ APPLIED_REASONS = {
     "grpo-eval-0.14": ["calls inputs.get(...)", "'list' object has no attribute 'get'"],
     "logps-attention-mask": ["without attention_mask"],
     "peft-optional": ["get_peft_model in GRPOTrainer.__init__"],
-    "train-sampler-signature": ["sampler_fn(dataset) passes 1 positional argument(s)",
-                                "GRPOTrainer._get_train_sampler(self) cannot take"],
+    "train-sampler-signature": [
+        "sampler_fn(dataset) passes 1 positional argument(s)",
+        "GRPOTrainer._get_train_sampler(self) cannot take",
+    ],
     "zero3-hooks-api": ["renamed to _register_deepspeed_module"],
 }
 
@@ -95,4 +97,3 @@ def test_every_vllm_patch_needs_vllm_installed(report):
             assert record["status"] == "not needed", record
             if trl is not None and SpecifierSet(BY_ID[patch_id].requires["trl"]).contains(trl, prereleases=True):
                 assert record["reason"] == "vllm is not installed", record
-

@@ -33,8 +33,8 @@ AFFECTED = HAVE_TRL and Version("0.15.0") <= TRL < Version("0.17.0") and TF >= V
 
 needs_trl = pytest.mark.skipif(not HAVE_TRL, reason="needs trl")
 affected_only = pytest.mark.skipif(
-    not AFFECTED, reason="the bug needs trl 0.15.x/0.16.x with transformers >= 4.52 (cells trl0.15.2-tf4.52.4, "
-                         "trl0.16.1-tf4.52.4)")
+    not AFFECTED, reason="the bug needs trl 0.15.x/0.16.x with transformers >= 4.52 (cells trl0.15.2-tf4.52.4, trl0.16.1-tf4.52.4)"
+)
 
 
 @needs_trl
@@ -58,8 +58,8 @@ def _grouped(indices, batch_size, generations):
     """Assert that each batch holds batch_size // generations prompts, each ``generations`` times in a row."""
     assert len(indices) % batch_size == 0, indices
     for start in range(0, len(indices), batch_size):
-        batch = indices[start:start + batch_size]
-        runs = [batch[i:i + generations] for i in range(0, batch_size, generations)]
+        batch = indices[start : start + batch_size]
+        runs = [batch[i : i + generations] for i in range(0, batch_size, generations)]
         assert all(len(set(run)) == 1 for run in runs), batch  # consecutive repeats
         assert len({run[0] for run in runs}) == batch_size // generations, batch  # distinct prompts
         assert set(Counter(batch).values()) == {generations}, batch
@@ -126,7 +126,7 @@ def test_grpo_trains_and_batches_stay_grouped(tmp_path):
     # What GRPO received in its 3 steps: the sampler's first batches, as prompts.
     assert len(received) == 3, received
     prompts = dataset["prompt"]
-    assert received == [[prompts[i] for i in indices[s * per_device:(s + 1) * per_device]] for s in range(3)]
+    assert received == [[prompts[i] for i in indices[s * per_device : (s + 1) * per_device]] for s in range(3)]
     for batch in received:
         assert set(Counter(batch).values()) == {g} and len(set(batch)) == per_device // g, batch
 

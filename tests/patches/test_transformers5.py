@@ -25,13 +25,11 @@ from versions import installed
 
 TRL = installed("trl")
 TF = installed("transformers")
-AFFECTED = (TRL is not None and TF is not None and Version("0.14.0.dev0") <= TRL < Version("0.20.0")
-            and TF >= Version("5.0.0.dev0"))
+AFFECTED = TRL is not None and TF is not None and Version("0.14.0.dev0") <= TRL < Version("0.20.0") and TF >= Version("5.0.0.dev0")
 IMPORT_ID, USE_CACHE_ID, WARNINGS_ID = "transformers5-import", "transformers5-use-cache", "transformers5-warnings-issued"
 IDS = (IMPORT_ID, USE_CACHE_ID, WARNINGS_ID)
 
-needs_affected = pytest.mark.skipif(not AFFECTED, reason=f"only TRL 0.14-0.19 on transformers 5 (here trl {TRL}, "
-                                                         f"transformers {TF})")
+needs_affected = pytest.mark.skipif(not AFFECTED, reason=f"only TRL 0.14-0.19 on transformers 5 (here trl {TRL}, transformers {TF})")
 
 
 def _run(code, **env):
@@ -39,17 +37,19 @@ def _run(code, **env):
     full_env = dict(os.environ, **env)
     full_env.pop("TRL_COMPAT_DISABLE", None)
     full_env.update(env)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=full_env, timeout=300)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full_env, timeout=300)
 
 
 def _expected_flags():
     """``_x_available`` -> whether ``x`` is importable, for trl.import_utils' tuple-prone flags."""
     import trl.import_utils as iu
 
-    names = [n for n, v in vars(iu).items() if n.startswith("_") and n.endswith("_available") and not callable(v)
-             and n != "_is_liger_kernel_available"]  # unpacked from a (bool, version) pair: a bool already
-    return {n: importlib.util.find_spec(n[1:-len("_available")]) is not None for n in names}
+    names = [
+        n
+        for n, v in vars(iu).items()
+        if n.startswith("_") and n.endswith("_available") and not callable(v) and n != "_is_liger_kernel_available"
+    ]  # unpacked from a (bool, version) pair: a bool already
+    return {n: importlib.util.find_spec(n[1 : -len("_available")]) is not None for n in names}
 
 
 # -- every cell ----------------------------------------------------------------------------------
@@ -159,9 +159,11 @@ def test_grpo_runs_with_patches(tmp_path, case):
 
     import grpo_run
 
-    kwargs = {"qwen2-full": dict(model="qwen2", beta=0.0),
-              "llama-lora": dict(model="llama", peft=True, beta=0.0),
-              "qwen2-beta-ref": dict(model="qwen2", beta=0.1)}[case]
+    kwargs = {
+        "qwen2-full": dict(model="qwen2", beta=0.0),
+        "llama-lora": dict(model="llama", peft=True, beta=0.0),
+        "qwen2-beta-ref": dict(model="qwen2", beta=0.1),
+    }[case]
     trainer, history = grpo_run.run_grpo(tmp_path, steps=3, **kwargs)
     losses = grpo_run.train_losses(history)
     assert len(losses) == 3 and grpo_run.finite_losses(history), history

@@ -25,8 +25,9 @@ if HAVE_TORCH:
     import tiny
 
 
-requires_standin = pytest.mark.skipif(not HAVE_TORCH or not grpo_run.standin_vllm_installed(),
-                                      reason="the vLLM stand-in is not installed")
+requires_standin = pytest.mark.skipif(
+    not HAVE_TORCH or not grpo_run.standin_vllm_installed(), reason="the vLLM stand-in is not installed"
+)
 
 
 @requires_standin
@@ -61,9 +62,7 @@ def _dataset(n=8):
 
     words = tiny.vocab_words()
     shared = words[100:120]  # like a system prompt: 20 tokens, one full block
-    return Dataset.from_dict({"prompt": [
-        " ".join(shared + [words[(i * 37 + j * 11) % 90] for j in range(5)]) for i in range(n)
-    ]})
+    return Dataset.from_dict({"prompt": [" ".join(shared + [words[(i * 37 + j * 11) % 90] for j in range(5)]) for i in range(n)]})
 
 
 def _grpo_on_015_or_skip():
@@ -83,8 +82,7 @@ def _grpo_on_015_or_skip():
 
 
 def _train(grpo_run, tmp_path):
-    trainer = grpo_run.make_trainer(tmp_path, use_vllm=True, steps=3, train_dataset=_dataset(),
-                                    max_prompt_length=64)
+    trainer = grpo_run.make_trainer(tmp_path, use_vllm=True, steps=3, train_dataset=_dataset(), max_prompt_length=64)
     llm = trainer.llm
     assert llm.enable_prefix_caching  # TRL 0.15 turns it on
     versions_before = llm.model.weights_version
@@ -117,18 +115,27 @@ def test_patched_resets_after_every_sync(tmp_path):
     assert [entry["hit_tokens"] for entry in log] == [3 * 16, 3 * 16, 3 * 16]
 
 
-@pytest.mark.parametrize("body, verdict", [
-    # 0.15.0 - 0.15.2: caching on, a sync method, no reset
-    ("def __init__(self):\n        self.llm = LLM(enable_prefix_caching=True)\n"
-     "    def _move_model_to_vllm(self):\n        load_weights(sd)\n", True),
-    # early 0.15.0.dev0: caching on, weights loaded inline
-    ("def __init__(self):\n        self.llm = LLM(enable_prefix_caching=True)\n"
-     "    def compute_loss(self):\n        load_weights(sd)\n", None),
-    # 0.16 - 0.18: the cache is reset after each sync
-    ("def _move_model_to_vllm(self):\n        self.vllm_client.reset_prefix_cache()\n", False),
-    # 0.14.0: no prefix caching
-    ("def __init__(self):\n        self.llm = LLM(model=m)\n", False),
-])
+@pytest.mark.parametrize(
+    "body, verdict",
+    [
+        # 0.15.0 - 0.15.2: caching on, a sync method, no reset
+        (
+            "def __init__(self):\n        self.llm = LLM(enable_prefix_caching=True)\n"
+            "    def _move_model_to_vllm(self):\n        load_weights(sd)\n",
+            True,
+        ),
+        # early 0.15.0.dev0: caching on, weights loaded inline
+        (
+            "def __init__(self):\n        self.llm = LLM(enable_prefix_caching=True)\n"
+            "    def compute_loss(self):\n        load_weights(sd)\n",
+            None,
+        ),
+        # 0.16 - 0.18: the cache is reset after each sync
+        ("def _move_model_to_vllm(self):\n        self.vllm_client.reset_prefix_cache()\n", False),
+        # 0.14.0: no prefix caching
+        ("def __init__(self):\n        self.llm = LLM(model=m)\n", False),
+    ],
+)
 def test_probe_reads_the_module_source(tmp_path, monkeypatch, body, verdict):
     import importlib
     import uuid

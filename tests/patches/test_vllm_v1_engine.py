@@ -184,8 +184,9 @@ def watch_generations(trainer):
     generate = trainer.llm.generate
 
     def watched(*args, **kwargs):
-        seen.append(dict(in_sync=vllm_holds_policy_weights(trainer),
-                         embed=trainer.model.get_input_embeddings().weight.detach().clone()))
+        seen.append(
+            dict(in_sync=vllm_holds_policy_weights(trainer), embed=trainer.model.get_input_embeddings().weight.detach().clone())
+        )
         return generate(*args, **kwargs)
 
     trainer.llm.generate = watched  # TRL calls self.llm.generate
@@ -251,18 +252,27 @@ def test_v1_stand_in_an_explicit_v1_is_kept(tmp_path, constructions, monkeypatch
 
 def run_worker(tmp_path, disable):
     env = {k: v for k, v in os.environ.items() if k != VAR}
-    env.update(TRL_COMPAT_STRICT="0", TRL_COMPAT_DISABLE=disable, PYTHONUNBUFFERED="1",
-               VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-    proc = subprocess.run([sys.executable, os.path.join(SUPPORT, "vllm_v1_worker.py"), str(tmp_path)],
-                          env=env, cwd=SUPPORT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    env.update(
+        TRL_COMPAT_STRICT="0",
+        TRL_COMPAT_DISABLE=disable,
+        PYTHONUNBUFFERED="1",
+        VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+    )
+    proc = subprocess.run(
+        [sys.executable, os.path.join(SUPPORT, "vllm_v1_worker.py"), str(tmp_path)],
+        env=env,
+        cwd=SUPPORT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=900,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("V1|")]
     assert proc.returncode == 0 and lines, proc.stdout[-6000:]
     return json.loads(lines[-1][3:])
 
 
-needs_real_vllm = pytest.mark.skipif(
-    not (TRL_IN_PROCESS and REAL_VLLM_V1), reason="needs TRL 0.14/0.15 with a real vLLM >= 0.8"
-)
+needs_real_vllm = pytest.mark.skipif(not (TRL_IN_PROCESS and REAL_VLLM_V1), reason="needs TRL 0.14/0.15 with a real vLLM >= 0.8")
 
 
 @needs_real_vllm

@@ -116,8 +116,9 @@ def main():
 
     import tiny
 
-    emit("versions", trl=trl.__version__, torch=torch.__version__, accelerate=accelerate.__version__,
-         status=trl_compat.status(PATCH_ID))
+    emit(
+        "versions", trl=trl.__version__, torch=torch.__version__, accelerate=accelerate.__version__, status=trl_compat.status(PATCH_ID)
+    )
 
     tokenizer = tiny.make_tokenizer()  # as tests/support/grpo_run.py (from_pretrained loses settings on transformers 5)
     args = GRPOConfig(
@@ -192,7 +193,12 @@ def main():
         names = [n for n, _ in received.items]
         got = dict(received.items)
         emit(
-            "sync", label=label, mode=mode, error=error, names=names, resets=received.resets,
+            "sync",
+            label=label,
+            mode=mode,
+            error=error,
+            names=names,
+            resets=received.resets,
             is_main=bool(trainer.accelerator.is_main_process),
             expected=sorted(expected),
             equal=sorted(n for n, t in got.items() if n in expected and torch.equal(t, expected[n])),
@@ -217,9 +223,12 @@ def main():
     def report_sharding(model):
         params = dict(model.named_parameters())
         emit(
-            "sharded", model=type(model).__name__, is_fsdp2=isinstance(model, FSDPModule),
+            "sharded",
+            model=type(model).__name__,
+            is_fsdp2=isinstance(model, FSDPModule),
             fsdp2_modules=sum(isinstance(m, FSDPModule) for m in model.modules()),
-            params=len(params), dtensor_params=sum(isinstance(p, DTensor) for p in params.values()),
+            params=len(params),
+            dtensor_params=sum(isinstance(p, DTensor) for p in params.values()),
             local_numel=sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in params.values()),
             full_numel=sum(p.numel() for p in params.values()),
         )
@@ -256,8 +265,13 @@ def main():
     end = sync("end", "colocate")
     sync("end", "server")
     moved = sorted(n for n, t in end.items() if not torch.equal(t, state["begin"][n]))
-    emit("train", steps=trainer.state.global_step, losses=losses,
-         finite=bool(losses) and all(math.isfinite(x) for x in losses), moved=moved)
+    emit(
+        "train",
+        steps=trainer.state.global_step,
+        losses=losses,
+        finite=bool(losses) and all(math.isfinite(x) for x in losses),
+        moved=moved,
+    )
     finish()
 
 

@@ -117,8 +117,7 @@ def vllm_unsupported_reason() -> Optional[str]:
 
 # TRL >= 0.18's colocate mode builds LLM(distributed_executor_backend="external_launcher"); on the
 # CPU vLLM falls back to its mp executor, which still reads torch.distributed's rendezvous variables.
-COLOCATE_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": "29517"}
+COLOCATE_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517"}
 
 
 def real_vllm_installed() -> bool:
@@ -164,8 +163,7 @@ def grpo_config_fields() -> set[str]:
     return {f.name for f in dataclasses.fields(GRPOConfig)}
 
 
-def make_config(output_dir: Union[str, os.PathLike], *, steps: int = 3, use_vllm: bool = False,
-                **overrides: Any):
+def make_config(output_dir: Union[str, os.PathLike], *, steps: int = 3, use_vllm: bool = False, **overrides: Any):
     """A ``GRPOConfig`` with this module's defaults; returns ``(config, dropped_keys)``."""
     from trl import GRPOConfig
 
@@ -192,8 +190,7 @@ def make_config(output_dir: Union[str, os.PathLike], *, steps: int = 3, use_vllm
     if use_vllm:
         # fields a version lacks are dropped below: vllm_device/vllm_dtype are 0.14/0.15's,
         # vllm_mode is 0.18+'s
-        kwargs.update(use_vllm=True, vllm_device="cpu", vllm_dtype="float32", vllm_gpu_memory_utilization=0.5,
-                      vllm_mode="colocate")
+        kwargs.update(use_vllm=True, vllm_device="cpu", vllm_dtype="float32", vllm_gpu_memory_utilization=0.5, vllm_mode="colocate")
         # TRL 0.19.0's colocate mode does generation_kwargs.update(self.args.generation_kwargs), whose
         # default is None: TypeError: 'NoneType' object is not iterable (fixed in 0.19.1)
         kwargs.update(generation_kwargs={})
@@ -311,8 +308,7 @@ def finite_losses(log_history: list[dict]) -> bool:
 
 def spy_training_prompt_ids(trainer):
     """Record the (unpadded) prompt ids TRL >= 0.15 computes the loss on; None on 0.14 (inline)."""
-    name = "_generate_and_score_completions" if hasattr(trainer, "_generate_and_score_completions") else \
-        "_prepare_inputs"
+    name = "_generate_and_score_completions" if hasattr(trainer, "_generate_and_score_completions") else "_prepare_inputs"
     if trl_version()[:2] < (0, 15):
         return None
     seen: set = set()

@@ -57,8 +57,7 @@ def main():
 
             bare.generate = generate
 
-    trainer = grpo_run.make_trainer(os.path.join(args.out_dir, f"rank{rank}"), model=args.model_dir, steps=2,
-                                    **overrides)
+    trainer = grpo_run.make_trainer(os.path.join(args.out_dir, f"rank{rank}"), model=args.model_dir, steps=2, **overrides)
     if args.zero3:
         trainer.add_callback(ZeroHooks())
     trainer.train()

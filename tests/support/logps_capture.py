@@ -88,13 +88,19 @@ class LogpsCalls:
                 logits = plain_logits(module, input_ids=row[None, start:])
                 unpadded.append(logps_from_logits(logits, row[None, start:], k)[0])
             masked_logits = plain_logits(module, input_ids=ids, attention_mask=mask)
-            self.calls.append(types.SimpleNamespace(
-                role=role, ids=ids.detach().clone(), k=k, mask=None if mask is None else mask.detach().clone(),
-                output=output, rows=output.logits.shape[1],
-                unpadded=torch.stack(unpadded),
-                masked=logps_from_logits(masked_logits, ids, k),
-                masked_t=logps_from_logits(masked_logits, ids, k, self.temperature),
-            ))
+            self.calls.append(
+                types.SimpleNamespace(
+                    role=role,
+                    ids=ids.detach().clone(),
+                    k=k,
+                    mask=None if mask is None else mask.detach().clone(),
+                    output=output,
+                    rows=output.logits.shape[1],
+                    unpadded=torch.stack(unpadded),
+                    masked=logps_from_logits(masked_logits, ids, k),
+                    masked_t=logps_from_logits(masked_logits, ids, k, self.temperature),
+                )
+            )
 
         return record
 

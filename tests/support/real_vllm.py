@@ -84,17 +84,16 @@ def held(llm_model, config) -> dict:
     vocab, inter = config.vocab_size, config.intermediate_size
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
-    out = {"model.embed_tokens.weight": llm_model.model.embed_tokens.weight[:vocab],
-           "model.norm.weight": llm_model.model.norm.weight}
+    out = {"model.embed_tokens.weight": llm_model.model.embed_tokens.weight[:vocab], "model.norm.weight": llm_model.model.norm.weight}
     if not config.tie_word_embeddings:
         out["lm_head.weight"] = llm_model.lm_head.weight[:vocab]
     for i, layer in enumerate(llm_model.model.layers):
         p = f"model.layers.{i}."
         qkv = layer.self_attn.qkv_proj
         for part, (start, size) in (("q", (0, q)), ("k", (q, kv)), ("v", (q + kv, kv))):
-            out[p + f"self_attn.{part}_proj.weight"] = qkv.weight[start:start + size]
+            out[p + f"self_attn.{part}_proj.weight"] = qkv.weight[start : start + size]
             if qkv.bias is not None:
-                out[p + f"self_attn.{part}_proj.bias"] = qkv.bias[start:start + size]
+                out[p + f"self_attn.{part}_proj.bias"] = qkv.bias[start : start + size]
         out[p + "self_attn.o_proj.weight"] = layer.self_attn.o_proj.weight
         gate_up = layer.mlp.gate_up_proj.weight
         out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = gate_up[:inter], gate_up[inter:]
@@ -108,8 +107,7 @@ def mismatches(got: dict, expected: dict) -> list[str]:
     """Names in ``got`` whose tensor differs from ``expected`` cast to ``got``'s dtype."""
     import torch
 
-    return [name for name, tensor in got.items()
-            if not torch.equal(tensor, expected[name].detach().cpu().to(tensor.dtype))]
+    return [name for name, tensor in got.items() if not torch.equal(tensor, expected[name].detach().cpu().to(tensor.dtype))]
 
 
 class PrefixCacheMeter:

@@ -113,8 +113,7 @@ def make_llama3_tokenizer():
     assert len(vocab) == VOCAB_SIZE
     backend = Tokenizer(WordLevel(vocab=vocab, unk_token=UNK))
     backend.pre_tokenizer = WhitespaceSplit()
-    backend.post_processor = TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B",
-                                                special_tokens=[(BOS, vocab[BOS])])
+    backend.post_processor = TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, vocab[BOS])])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token=BOS,

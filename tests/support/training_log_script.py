@@ -37,8 +37,12 @@ def main():
     trainer = grpo_run.make_trainer(os.path.join(args.out_dir, f"rank{rank}"), model=args.model_dir, steps=1)
     trainer.train()
     first = trainer.state.log_history[0]
-    result = {"rank": rank, "trl_compat_imported": "trl_compat" in sys.modules,
-              "metrics": {k: v for k, v in first.items() if k.startswith("trl_compat/")}, "applied": None}
+    result = {
+        "rank": rank,
+        "trl_compat_imported": "trl_compat" in sys.modules,
+        "metrics": {k: v for k, v in first.items() if k.startswith("trl_compat/")},
+        "applied": None,
+    }
     if result["trl_compat_imported"]:
         import trl_compat  # imported at start-up: this only binds the name
 

@@ -14,8 +14,7 @@ import os
 import sys
 
 # head_dim 64: vLLM's attention backends do not all take the tiny fixtures' 32
-SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
-             max_position_embeddings=256)
+SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
 
 
 def main():
@@ -49,8 +48,13 @@ def main():
     args, _ = grpo_run.make_config(os.path.join(out_dir, "out"), use_vllm=True, **overrides)
     from trl import GRPOTrainer
 
-    trainer = GRPOTrainer(model=path, reward_funcs=[tiny.varying_reward], args=args,
-                          train_dataset=tiny.prompt_dataset(8), processing_class=tiny.make_tokenizer())
+    trainer = GRPOTrainer(
+        model=path,
+        reward_funcs=[tiny.varying_reward],
+        args=args,
+        train_dataset=tiny.prompt_dataset(8),
+        processing_class=tiny.make_tokenizer(),
+    )
     engine = trainer.llm.llm_engine
     out["engine"] = f"{type(engine).__module__}.{type(engine).__qualname__}"
 

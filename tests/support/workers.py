@@ -51,10 +51,24 @@ def child_env(**overrides):
 def launch_two(worker, *args, marker, disable="", timeout=420):
     """Run ``worker`` (a script here) in 2 processes under ``torch.distributed.run`` on the CPU
     (gloo; DeepSpeed's CPU accelerator), strict, with the patches in ``disable`` switched off."""
-    env = dict(os.environ, TRL_COMPAT_STRICT="1", TRL_COMPAT_DISABLE=disable, OMP_NUM_THREADS="1",
-               CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           os.path.join(SUPPORT, worker), *map(str, args)]
-    proc = subprocess.run(cmd, env=env, cwd=SUPPORT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=timeout)
+    env = dict(
+        os.environ,
+        TRL_COMPAT_STRICT="1",
+        TRL_COMPAT_DISABLE=disable,
+        OMP_NUM_THREADS="1",
+        CUDA_VISIBLE_DEVICES="",
+        DS_ACCELERATOR="cpu",
+        PYTHONUNBUFFERED="1",
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        os.path.join(SUPPORT, worker),
+        *map(str, args),
+    ]
+    proc = subprocess.run(cmd, env=env, cwd=SUPPORT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
     return Run(proc.returncode, proc.stdout, marker)

@@ -68,8 +68,14 @@ def main():
             trainer = state["trainer"]
             engine = trainer.model_wrapped
             offload = engine.optimizer.parameter_offload
-            emit("in_training_eval", step=train_state.global_step, entry=train_state.log_history[-1],
-                 engine=type(engine).__name__, bare=engine.module is trainer.model, hooks=len(offload.forward_hooks))
+            emit(
+                "in_training_eval",
+                step=train_state.global_step,
+                entry=train_state.log_history[-1],
+                engine=type(engine).__name__,
+                bare=engine.module is trainer.model,
+                hooks=len(offload.forward_hooks),
+            )
             for patch_id in ("zero3-unwrap", "grpo-eval-0.14"):
                 trl_compat.revert(patch_id)
                 try:
@@ -79,8 +85,7 @@ def main():
                     error = f"{type(exc).__name__}: {exc}"
                 finally:
                     trl_compat.install(patch_id)
-                emit("without", patch=patch_id, error=error, hooks=len(offload.forward_hooks),
-                     status=trl_compat.status(patch_id))
+                emit("without", patch=patch_id, error=error, hooks=len(offload.forward_hooks), status=trl_compat.status(patch_id))
             metrics = trainer.evaluate()
             emit("evaluated", metrics=metrics, last_log=train_state.log_history[-1], hooks=len(offload.forward_hooks))
 

@@ -60,20 +60,28 @@ def main():
     reward = trainer.reward_funcs[0]
     bare = getattr(reward, "module", reward)
     params = list(bare.parameters())
-    emit("reward_model", type=type(reward).__name__, bare=type(bare).__name__,
-         local_numel=sum(p.numel() for p in params), full_numel=sum(getattr(p, "ds_numel", p.numel()) for p in params),
-         padding_idx=bare.get_input_embeddings().padding_idx,
-         engines=len(getattr(trainer, "_trl_compat_reward_engines", [])))
+    emit(
+        "reward_model",
+        type=type(reward).__name__,
+        bare=type(bare).__name__,
+        local_numel=sum(p.numel() for p in params),
+        full_numel=sum(getattr(p, "ds_numel", p.numel()) for p in params),
+        padding_idx=bare.get_input_embeddings().padding_idx,
+        engines=len(getattr(trainer, "_trl_compat_reward_engines", [])),
+    )
 
     def record(module, args, kwargs, output):
-        emit("reward_forward", input_ids=kwargs["input_ids"].tolist(), attention_mask=kwargs["attention_mask"].tolist(),
-             logits=output.logits.detach().float().tolist())
+        emit(
+            "reward_forward",
+            input_ids=kwargs["input_ids"].tolist(),
+            attention_mask=kwargs["attention_mask"].tolist(),
+            logits=output.logits.detach().float().tolist(),
+        )
 
     bare.register_forward_hook(record, with_kwargs=True)
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    emit("train", steps=trainer.state.global_step, losses=losses,
-         finite=bool(losses) and all(math.isfinite(x) for x in losses))
+    emit("train", steps=trainer.state.global_step, losses=losses, finite=bool(losses) and all(math.isfinite(x) for x in losses))
     finish()
 
 

@@ -164,7 +164,9 @@ def main():
     def shard_report(when, model):
         params = list(model.parameters())
         emit(
-            "shard", when=when, params=len(params),
+            "shard",
+            when=when,
+            params=len(params),
             local_numel=sum(p.numel() for p in params),  # 0 when partitioned
             shard_numel=sum(p.ds_tensor.numel() for p in params),  # this rank's part
             full_numel=sum(p.ds_numel for p in params),
@@ -232,9 +234,14 @@ def main():
             engine, bare, accelerator = trainer.model_wrapped, trainer.model, trainer.accelerator
             state.update(engine=engine, bare=bare, offload=engine.optimizer.parameter_offload)
             state["baseline"] = hooks()
-            emit("engine", engine=type(engine).__name__, bare=type(bare).__name__,
-                 wraps_bare=engine.module is bare, bare_has_optimizer=hasattr(bare, "optimizer"),
-                 hooks=state["baseline"])
+            emit(
+                "engine",
+                engine=type(engine).__name__,
+                bare=type(bare).__name__,
+                wraps_bare=engine.module is bare,
+                bare_has_optimizer=hasattr(bare, "optimizer"),
+                hooks=state["baseline"],
+            )
             shard_report("begin", bare)
             emit("loaded", mismatched=mismatched_with_checkpoint(bare))
             count_ds_work()
@@ -280,8 +287,14 @@ def main():
 
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     moved = abs(shard_checksum(trainer.model) - state["checksum_begin"])
-    emit("train", steps=trainer.state.global_step, losses=losses,
-         finite=bool(losses) and all(math.isfinite(x) for x in losses), weights_moved=moved, hooks=hooks())
+    emit(
+        "train",
+        steps=trainer.state.global_step,
+        losses=losses,
+        finite=bool(losses) and all(math.isfinite(x) for x in losses),
+        weights_moved=moved,
+        hooks=hooks(),
+    )
     shard_report("end", trainer.model)
     finish()
 

@@ -90,17 +90,23 @@ def _text_dataset(words_per_prompt):
     from datasets import Dataset
 
     words = tiny.vocab_words()
-    return Dataset.from_dict({"prompt": [" ".join(words[(i * 31 + j * 7) % len(words)] for j in range(words_per_prompt))
-                                         for i in range(4)]})
+    return Dataset.from_dict(
+        {"prompt": [" ".join(words[(i * 31 + j * 7) % len(words)] for j in range(words_per_prompt)) for i in range(4)]}
+    )
 
 
 def _chat_dataset(words_per_prompt=3):
     from datasets import Dataset
 
     words = tiny.llama3_vocab_words()[3:]
-    return Dataset.from_dict({"prompt": [
-        [{"role": "user", "content": " ".join(words[(i * 31 + j * 7) % 400] for j in range(words_per_prompt))}]
-        for i in range(4)]})
+    return Dataset.from_dict(
+        {
+            "prompt": [
+                [{"role": "user", "content": " ".join(words[(i * 31 + j * 7) % 400] for j in range(words_per_prompt))}]
+                for i in range(4)
+            ]
+        }
+    )
 
 
 def _train(tmp_path, tokenizer, dataset, ran):
@@ -109,14 +115,23 @@ def _train(tmp_path, tokenizer, dataset, ran):
     from trl.data_utils import maybe_apply_chat_template
 
     path = tiny.save_tiny(tmp_path / "model", "llama", tokenizer=tokenizer)  # the engine loads this tokenizer
-    trainer = grpo_run.make_trainer(tmp_path, model=path, use_vllm=True, steps=2, train_dataset=dataset,
-                                    processing_class=tokenizer, max_prompt_length=MAX_PROMPT,
-                                    max_completion_length=8)
+    trainer = grpo_run.make_trainer(
+        tmp_path,
+        model=path,
+        use_vllm=True,
+        steps=2,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        max_prompt_length=MAX_PROMPT,
+        max_completion_length=8,
+    )
     seen_by_loss = grpo_run.spy_training_prompt_ids(trainer)
     trainer.train()
     assert grpo_run.finite_losses(trainer.state.log_history)
-    expected = {tuple(tokenizer(maybe_apply_chat_template(x, tokenizer)["prompt"], add_special_tokens=False)
-                      .input_ids[-MAX_PROMPT:]) for x in dataset}
+    expected = {
+        tuple(tokenizer(maybe_apply_chat_template(x, tokenizer)["prompt"], add_special_tokens=False).input_ids[-MAX_PROMPT:])
+        for x in dataset
+    }
     if seen_by_loss is not None:
         assert seen_by_loss == expected
     assert ran
@@ -138,8 +153,14 @@ def test_truncation_on_real_vllm_max_model_len_error_and_fix(tmp_path, unpatched
     _needs(TRUNCATION)
     limit = 128 if grpo_run.has_colocated_vllm() else MAX_PROMPT + 8  # config's positions / colocate's sum
     dataset = _text_dataset(130)
-    with unpatched(TRUNCATION), pytest.raises(ValueError, match=rf"The decoder prompt \(length 130\) is longer than "
-                                                                rf"the maximum model length of {limit}\.") as info:
+    with (
+        unpatched(TRUNCATION),
+        pytest.raises(
+            ValueError,
+            match=rf"The decoder prompt \(length 130\) is longer than "
+            rf"the maximum model length of {limit}\.",
+        ) as info,
+    ):
         _train(tmp_path, tiny.make_tokenizer(), dataset, engine_runs)
     assert engine_runs == []  # rejected before any generation
     del info  # its traceback holds the first trainer and its engine: free them before the next

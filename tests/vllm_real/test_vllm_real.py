@@ -39,8 +39,7 @@ import tiny
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # head_dim 64: vLLM's attention backends do not all take the tiny fixtures' 32
-SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
-             max_position_embeddings=256)
+SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
 DEVICE = real_vllm.DEVICE
 
 
@@ -66,8 +65,7 @@ def lora_model(seed=0, **kwargs):
     with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
         warnings.simplefilter("ignore")
         torch.manual_seed(seed)
-        return get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=TARGETS,
-                                               init_lora_weights=False, **kwargs))
+        return get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=TARGETS, init_lora_weights=False, **kwargs))
 
 
 def merged_reference(model):
@@ -96,8 +94,7 @@ def snapshot(model):
 
 def changed(model, snap):
     now = dict(model.named_parameters())
-    return [n for n, (p, v, ptr) in snap.items()
-            if now.get(n) is not p or p.data_ptr() != ptr or not torch.equal(p.detach(), v)]
+    return [n for n, (p, v, ptr) in snap.items() if now.get(n) is not p or p.data_ptr() != ptr or not torch.equal(p.detach(), v)]
 
 
 def test_real_vllm_rejects_peft_names(llm):
@@ -147,18 +144,37 @@ def test_real_grpo_lora_vllm_three_steps(tmp_path, checkpoint):
     from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
 
-    assert trl_compat.status("vllm-lora-names" if version.release[:2] == (0, 14) else "vllm-merged-weights") \
-        == trl_compat.APPLIED, trl_compat.report()
+    assert trl_compat.status("vllm-lora-names" if version.release[:2] == (0, 14) else "vllm-merged-weights") == trl_compat.APPLIED, (
+        trl_compat.report()
+    )
     fields = set(GRPOConfig.__dataclass_fields__)
-    kwargs = dict(output_dir=str(tmp_path / "out"), report_to="none", save_strategy="no", logging_steps=1,
-                  max_steps=3, per_device_train_batch_size=4, num_generations=2, max_prompt_length=16,
-                  max_completion_length=8, learning_rate=1e-3, seed=0, bf16=False, use_vllm=True,
-                  vllm_device="cuda:0" if DEVICE == "cuda" else "cpu", vllm_gpu_memory_utilization=0.2,
-                  vllm_dtype="float32")
+    kwargs = dict(
+        output_dir=str(tmp_path / "out"),
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        max_steps=3,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_prompt_length=16,
+        max_completion_length=8,
+        learning_rate=1e-3,
+        seed=0,
+        bf16=False,
+        use_vllm=True,
+        vllm_device="cuda:0" if DEVICE == "cuda" else "cpu",
+        vllm_gpu_memory_utilization=0.2,
+        vllm_dtype="float32",
+    )
     args = GRPOConfig(**{k: v for k, v in kwargs.items() if k in fields})
-    trainer = GRPOTrainer(model=checkpoint, reward_funcs=[tiny.varying_reward], args=args,
-                          train_dataset=tiny.prompt_dataset(8), processing_class=tiny.make_tokenizer(),
-                          peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=TARGETS, task_type="CAUSAL_LM"))
+    trainer = GRPOTrainer(
+        model=checkpoint,
+        reward_funcs=[tiny.varying_reward],
+        args=args,
+        train_dataset=tiny.prompt_dataset(8),
+        processing_class=tiny.make_tokenizer(),
+        peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=TARGETS, task_type="CAUSAL_LM"),
+    )
     llm_model = trainer.llm.llm_engine.model_executor.driver_worker.model_runner.model
     records = []
     name = "compute_loss" if version.release[:2] == (0, 14) else "_prepare_inputs"
@@ -172,8 +188,7 @@ def test_real_grpo_lora_vllm_three_steps(tmp_path, checkpoint):
             return original(*args, **kwargs)
         finally:
             if due:
-                records.append((trainer.state.global_step, expected, vllm_held(llm_model, model.config),
-                                changed(model, snap)))
+                records.append((trainer.state.global_step, expected, vllm_held(llm_model, model.config), changed(model, snap)))
 
     setattr(trainer, name, spy)
     trainer.train()

@@ -80,8 +80,7 @@ def dataset(n=8):
 
     words = tiny.vocab_words()
     shared = words[100:120]
-    return Dataset.from_dict({"prompt": [
-        " ".join(shared + [words[(i * 37 + j * 11) % 90] for j in range(5)]) for i in range(n)]})
+    return Dataset.from_dict({"prompt": [" ".join(shared + [words[(i * 37 + j * 11) % 90] for j in range(5)]) for i in range(n)]})
 
 
 def merged_state(model):
@@ -145,10 +144,16 @@ class EngineSpy:
                 names = [n for kind, got in self.events[first:] if kind == "load" for n in got]
                 if names:
                     now = dict(model.named_parameters())
-                    self.syncs.append(dict(
-                        step=trainer.state.global_step, names=names, merged=merged, base=base,
-                        held=real_vllm.held(self.model, self.config),
-                        changed=[n for n, v in snap.items() if not torch.equal(now[n].detach(), v)]))
+                    self.syncs.append(
+                        dict(
+                            step=trainer.state.global_step,
+                            names=names,
+                            merged=merged,
+                            base=base,
+                            held=real_vllm.held(self.model, self.config),
+                            changed=[n for n, v in snap.items() if not torch.equal(now[n].detach(), v)],
+                        )
+                    )
                     last = self.syncs[-1]
                     last["before"] = {n: snap[n] for n in last["changed"]}
                     last["now"] = {n: now[n].detach().clone() for n in last["changed"]}
@@ -163,8 +168,7 @@ class EngineSpy:
 
 
 def train(tmp_path, peft):
-    trainer = grpo_run.make_trainer(tmp_path, use_vllm=True, peft=peft, steps=STEPS, train_dataset=dataset(),
-                                    max_prompt_length=64)
+    trainer = grpo_run.make_trainer(tmp_path, use_vllm=True, peft=peft, steps=STEPS, train_dataset=dataset(), max_prompt_length=64)
     spy = EngineSpy(trainer)
     trainer.train()
     assert len(grpo_run.train_losses(trainer.state.log_history)) == STEPS

@@ -40,8 +40,9 @@ PROMPT = " ".join(tiny.vocab_words()[:40])  # blocks of 16 end at 16 and 32, the
 def load_standin():
     name = "_vllm_standin"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, STANDIN_SOURCE / "__init__.py",
-                                                      submodule_search_locations=[str(STANDIN_SOURCE)])
+        spec = importlib.util.spec_from_file_location(
+            name, STANDIN_SOURCE / "__init__.py", submodule_search_locations=[str(STANDIN_SOURCE)]
+        )
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
@@ -83,7 +84,7 @@ def new_weights(seed):
 
 def test_same_names_accepted_for_a_full_state_dict(engines):
     real, fake = both_load(engines, new_weights(1))
-    assert isinstance(real, set) and real == fake, (sorted(real ^ fake) if isinstance(fake, set) else fake)
+    assert isinstance(real, set) and real == fake, sorted(real ^ fake) if isinstance(fake, set) else fake
     assert "model.layers.0.self_attn.qkv_proj.weight" in real and "model.layers.0.mlp.gate_up_proj.weight" in real
 
 

@@ -109,8 +109,22 @@ class Patch(_Fields):
 
     A Patch is fixed once declared: ``replace(**fields)`` gives a changed copy."""
 
-    __slots__ = ("id", "summary", "symptom", "upstream", "trigger", "must_exist", "changes", "requires",
-                 "witnesses", "remove_when", "opt_in", "impl", "probe", "apply")
+    __slots__ = (
+        "id",
+        "summary",
+        "symptom",
+        "upstream",
+        "trigger",
+        "must_exist",
+        "changes",
+        "requires",
+        "witnesses",
+        "remove_when",
+        "opt_in",
+        "impl",
+        "probe",
+        "apply",
+    )
 
     id: str
     summary: str

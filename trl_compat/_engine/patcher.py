@@ -37,7 +37,7 @@ def markers(value: Any) -> frozenset:
 def raw_attribute(owner: Any, name: str) -> Any:
     """``name`` as stored in the first ``__dict__`` along ``owner``'s MRO (a module's own
     ``__dict__``): descriptors such as staticmethod and classmethod come back as they are."""
-    for holder in (owner.__mro__ if isinstance(owner, type) else (owner,)):
+    for holder in owner.__mro__ if isinstance(owner, type) else (owner,):
         if name in vars(holder):
             return vars(holder)[name]
     raise AttributeError(f"{getattr(owner, '__name__', owner)!r} has no attribute {name!r}")
@@ -130,7 +130,10 @@ class Patcher:
                 # back would silently drop their change.
                 log.warning(
                     "trl_compat: %s: %s.%s was replaced after %s patched it; left as it is",
-                    self.patch_id, getattr(owner, "__name__", owner), name, self.patch_id,
+                    self.patch_id,
+                    getattr(owner, "__name__", owner),
+                    name,
+                    self.patch_id,
                 )
                 continue
             if old is _MISSING:

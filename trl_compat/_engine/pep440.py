@@ -43,8 +43,15 @@ class Parsed:
 
     __slots__ = ("epoch", "release", "pre", "post", "dev", "local")
 
-    def __init__(self, epoch: int, release: Tuple[int, ...], pre: Optional[Tuple[int, int]],
-                 post: Optional[int], dev: Optional[int], local: Optional[str]) -> None:
+    def __init__(
+        self,
+        epoch: int,
+        release: Tuple[int, ...],
+        pre: Optional[Tuple[int, int]],
+        post: Optional[int],
+        dev: Optional[int],
+        local: Optional[str],
+    ) -> None:
         self.epoch, self.release, self.pre, self.post, self.dev, self.local = epoch, release, pre, post, dev, local
 
     def __eq__(self, other: object) -> bool:
@@ -105,8 +112,11 @@ def _parse_pattern(text: str) -> Optional[Parsed]:
     pre = (_PRE_RANK[g("pre_l").lower()], int(g("pre_n") or 0)) if g("pre_l") else None
     post = g("post_n1") or g("post_n2") or ("0" if g("post_l") else None)
     return Parsed(
-        epoch=int(g("epoch") or 0), release=tuple(int(part) for part in g("release").split(".")), pre=pre,
-        post=None if post is None else int(post), dev=int(g("dev_n") or 0) if g("dev_l") else None,
+        epoch=int(g("epoch") or 0),
+        release=tuple(int(part) for part in g("release").split(".")),
+        pre=pre,
+        post=None if post is None else int(post),
+        dev=int(g("dev_n") or 0) if g("dev_l") else None,
         local=g("local"),
     )
 
@@ -133,14 +143,23 @@ def _parse_normal(text: str) -> Optional[Parsed]:
             pre_rank = rank
             break
     numbers = [_number(part) for part in release + [last] + ([epoch] if has_epoch else [])]
-    suffixes = {name: _number(value) for name, value, present in
-                (("pre", pre, pre_rank is not None), ("post", post, has_post), ("dev", dev, has_dev)) if present}
+    suffixes = {
+        name: _number(value)
+        for name, value, present in (("pre", pre, pre_rank is not None), ("post", post, has_post), ("dev", dev, has_dev))
+        if present
+    }
     if None in numbers or None in suffixes.values():
         return None
     ints = [number for number in numbers if number is not None]
     given = {name: number for name, number in suffixes.items() if number is not None}
-    return Parsed(ints.pop() if has_epoch else 0, tuple(ints), None if pre_rank is None else (pre_rank, given["pre"]),
-                  given.get("post"), given.get("dev"), local if plus else None)
+    return Parsed(
+        ints.pop() if has_epoch else 0,
+        tuple(ints),
+        None if pre_rank is None else (pre_rank, given["pre"]),
+        given.get("post"),
+        given.get("dev"),
+        local if plus else None,
+    )
 
 
 def _clauses(spec: str) -> Optional[Sequence[Tuple[str, Parsed]]]:
@@ -148,7 +167,7 @@ def _clauses(spec: str) -> Optional[Sequence[Tuple[str, Parsed]]]:
     for part in spec.split(","):
         part = part.strip()
         op = next((op for op in _OPERATORS if part.startswith(op)), "")
-        bound = part[len(op):].strip()
+        bound = part[len(op) :].strip()
         if not op or not bound[:1].isdigit() or any(c.isspace() or c in "*+" for c in bound):
             return None
         parsed = parse(bound)
@@ -170,8 +189,15 @@ def contains(spec: str, version: Parsed) -> Optional[bool]:
         if op in ("<", ">") and version.trimmed() == bound.trimmed() and not final:
             return None  # PEP 440's carve-outs for V's own pre-, post- and dev releases
         mine, theirs = version.key(), bound.key()
-        answer = answer and {
-            ">=": mine >= theirs, "<=": mine <= theirs, "==": mine == theirs, "!=": mine != theirs,
-            "<": mine < theirs, ">": mine > theirs,
-        }[op]
+        answer = (
+            answer
+            and {
+                ">=": mine >= theirs,
+                "<=": mine <= theirs,
+                "==": mine == theirs,
+                "!=": mine != theirs,
+                "<": mine < theirs,
+                ">": mine > theirs,
+            }[op]
+        )
     return answer

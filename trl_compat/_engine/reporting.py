@@ -27,9 +27,14 @@ def report() -> List[PatchStatus]:
 
 def _status_of(patch: Patch, state: PatchState) -> PatchStatus:
     return PatchStatus(
-        id=patch.id, status=state.status, reason=_reason_now(patch, state), versions=state.versions,
-        target=", ".join(state.changed) or f"{patch.trigger}.{patch.must_exist}", changes=declared(patch),
-        summary=patch.summary, upstream=patch.upstream,
+        id=patch.id,
+        status=state.status,
+        reason=_reason_now(patch, state),
+        versions=state.versions,
+        target=", ".join(state.changed) or f"{patch.trigger}.{patch.must_exist}",
+        changes=declared(patch),
+        summary=patch.summary,
+        upstream=patch.upstream,
     )
 
 
@@ -50,12 +55,14 @@ def checked_ids(caller: str, ids: Sequence[object]) -> List[str]:
             hint = f"trl_compat.{caller}(*ids)" if isinstance(pid, (list, tuple, set, frozenset)) else None
             raise TypeError(
                 f"trl_compat.{caller}() takes patch ids as separate string arguments, got {type(pid).__name__} "
-                f"{pid!r}" + (f"; to pass a list, unpack it: {hint}" if hint else ""))
+                f"{pid!r}" + (f"; to pass a list, unpack it: {hint}" if hint else "")
+            )
     unknown = [pid for pid in ids if pid not in REGISTRY]
     if unknown:
         raise UnknownPatchId(
             f"unknown trl_compat patch id{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-            f"known: {', '.join(REGISTRY)}")
+            f"known: {', '.join(REGISTRY)}"
+        )
     return list(ids)  # type: ignore[arg-type]
 
 
@@ -79,7 +86,7 @@ def _reason_now(patch: Patch, state: PatchState) -> str:
         reason += f"; but {owner} has since been replaced by {foreign}, which the patch does not reach"
     overriding = _overriding_subclasses(patch, state.module)
     if overriding:
-        reason += (f"; overridden in {', '.join(overriding)}: the fix reaches those only through super()")
+        reason += f"; overridden in {', '.join(overriding)}: the fix reaches those only through super()"
     # What the patch has seen since it was applied (its impl module is loaded by then), e.g. the
     # model classes it decided for: its probe could only read a reference.
     details = getattr(sys.modules.get(patch.impl), "report_details", None) if patch.impl else None

@@ -54,8 +54,7 @@ def switch_problem(variable: str, environ: Optional[Mapping[str, str]] = None) -
     raw = _environ(environ).get(variable)
     if raw is None or raw.strip().lower() in ON + OFF:
         return None
-    return (f"{variable}={raw!r} is not a recognised value (on: {', '.join(ON)}; off: "
-            f"{', '.join(OFF[:-1])} or unset); assumed off")
+    return f"{variable}={raw!r} is not a recognised value (on: {', '.join(ON)}; off: {', '.join(OFF[:-1])} or unset); assumed off"
 
 
 def is_on(variable: str, environ: Optional[Mapping[str, str]] = None) -> bool:
@@ -93,12 +92,13 @@ def disable_problem(known: Iterable[str], environ: Optional[Mapping[str, str]] =
     unknown = sorted({part.strip() for part in raw.split(",") if part.strip()} - set(known) - {"*"})
     if not unknown:
         return None
-    return (f"{DISABLE} names unknown patch ids {', '.join(unknown)} (accepted: a comma-separated list of "
-            f"{', '.join(known)}, or *); assumed: those are ignored")
+    return (
+        f"{DISABLE} names unknown patch ids {', '.join(unknown)} (accepted: a comma-separated list of "
+        f"{', '.join(known)}, or *); assumed: those are ignored"
+    )
 
 
-def problems(known: Iterable[str], opt_in: Iterable[str],
-             environ: Optional[Mapping[str, str]] = None) -> Dict[str, Dict[str, object]]:
+def problems(known: Iterable[str], opt_in: Iterable[str], environ: Optional[Mapping[str, str]] = None) -> Dict[str, Dict[str, object]]:
     """Every ``TRL_COMPAT_*`` variable trl_compat reads that is set: ``{variable: {"value", "problem"}}``
     (``problem``: None, or what :func:`switch`/:func:`disabled_ids` warn)."""
     env = _environ(environ)

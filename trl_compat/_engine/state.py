@@ -117,7 +117,8 @@ class Registry:
             trouble = [f"{pid} ({s.status})" for pid, s in self._states.items() if s.status in _TROUBLE]
             others = len(self._states) - len(applied) - len(trouble)
         return "trl_compat: applied {}; {} not needed or disabled{} (details: python -m trl_compat)".format(
-            ", ".join(applied) or "nothing", others, f"; skipped: {', '.join(trouble)}" if trouble else "")
+            ", ".join(applied) or "nothing", others, f"; skipped: {', '.join(trouble)}" if trouble else ""
+        )
 
     def log_summary_when_settled(self) -> None:
         summary = self.settled_summary()

@@ -145,9 +145,7 @@ def gate(patch: Patch):
         versions[dist] = raw
         if raw is None:
             if _importable_without_metadata(dist):
-                return (UNKNOWN_VERSION,
-                        f"{dist} is importable but has no distribution metadata, so its version is unknown",
-                        versions)
+                return (UNKNOWN_VERSION, f"{dist} is importable but has no distribution metadata, so its version is unknown", versions)
             return NOT_NEEDED, f"{dist} is not installed", versions
         parsed = pep440.parse(raw)
         inside = None if parsed is None else pep440.contains(spec, parsed)

@@ -53,12 +53,17 @@ def find(cls: type[Any]) -> Optional[LogpsCaller]:
     if defining_class(cls, "compute_loss") is None:
         return None
     outer = unwrap(cls.compute_loss)
-    nested = next((c for c in getattr(getattr(outer, "__code__", None), "co_consts", ())
-                   if isinstance(c, types.CodeType) and c.co_name == NESTED), None)
+    nested = next(
+        (
+            c
+            for c in getattr(getattr(outer, "__code__", None), "co_consts", ())
+            if isinstance(c, types.CodeType) and c.co_name == NESTED
+        ),
+        None,
+    )
     if nested is None:
         return None
-    return LogpsCaller(NESTED, "compute_loss", f"the function {NESTED} nested in GRPOTrainer.compute_loss",
-                       code(nested), nested)
+    return LogpsCaller(NESTED, "compute_loss", f"the function {NESTED} nested in GRPOTrainer.compute_loss", code(nested), nested)
 
 
 def unfixed(cls: type, marker: str, fixed: str) -> Tuple[Optional[LogpsCaller], Optional[Verdict]]:

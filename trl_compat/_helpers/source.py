@@ -26,8 +26,7 @@ from typing import Any, Optional
 # defined by the engine, which catches it: it need not import this module (ast, inspect, tokenize) at start-up
 from trl_compat._engine.patch import SourceUnavailable
 
-_LAYOUT = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
-           tokenize.ENCODING, tokenize.ENDMARKER}
+_LAYOUT = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING, tokenize.ENDMARKER}
 # A string token right after one of these starts a statement: a docstring or a bare string.
 _STATEMENT_START = {None, tokenize.NEWLINE, tokenize.NL, tokenize.INDENT, tokenize.DEDENT}
 

@@ -71,8 +71,7 @@ def is_bootstrap_dir(path: str) -> bool:
     if same_path(path, BOOTSTRAP_DIR):
         return True
     tail = os.path.join("trl_compat", "activation", "bootstrap")
-    return (os.path.normpath(path).endswith(os.sep + tail)
-            and os.path.isfile(os.path.join(path, "sitecustomize.py")))
+    return os.path.normpath(path).endswith(os.sep + tail) and os.path.isfile(os.path.join(path, "sitecustomize.py"))
 
 
 def launcher_on_pythonpath(environ: Optional[Mapping[str, str]] = None) -> bool:
@@ -100,8 +99,14 @@ def describe(environ: Optional[Mapping[str, str]] = None) -> Dict[str, object]:
     """Whether trl_compat is active automatically here, how, and how this process got it."""
     environ = os.environ if environ is None else environ
     pth, start = installed_site_files(PTH_FILE), installed_site_files(START_FILE)
-    switch = {"variable": SWITCH, "value": environ.get(SWITCH), "on": switch_on(environ), "pth": pth, "start": start,
-              "problem": settings.switch_problem(SWITCH, environ)}
+    switch = {
+        "variable": SWITCH,
+        "value": environ.get(SWITCH),
+        "on": switch_on(environ),
+        "pth": pth,
+        "start": start,
+        "problem": settings.switch_problem(SWITCH, environ),
+    }
     launcher = {"bootstrap": BOOTSTRAP_DIR, "on_pythonpath": launcher_on_pythonpath(environ)}
     mechanisms = []
     if launcher["on_pythonpath"]:
@@ -113,17 +118,24 @@ def describe(environ: Optional[Mapping[str, str]] = None) -> Dict[str, object]:
         SWITCHED: f"{SWITCH}={environ.get(SWITCH)} with {pth[0] if pth else ''}",
     }
     if mechanisms:
-        summary = ("automatic: " + " and ".join(how[m] for m in mechanisms)
-                   + ": every Python process started with this environment imports trl_compat at start-up")
+        summary = (
+            "automatic: "
+            + " and ".join(how[m] for m in mechanisms)
+            + ": every Python process started with this environment imports trl_compat at start-up"
+        )
     elif switch["on"]:
-        summary = (f"not automatic: {SWITCH}={environ.get(SWITCH)} but {PTH_FILE} is in none of this interpreter's "
-                   "site-packages directories (an editable or --target install?): use `trl-compat run -- CMD` "
-                   "or `import trl_compat`")
+        summary = (
+            f"not automatic: {SWITCH}={environ.get(SWITCH)} but {PTH_FILE} is in none of this interpreter's "
+            "site-packages directories (an editable or --target install?): use `trl-compat run -- CMD` "
+            "or `import trl_compat`"
+        )
     elif switch["problem"]:
         summary = f"not automatic: {switch['problem']}"
     else:
-        summary = (f"not automatic: only scripts that `import trl_compat` get the fixes; set {SWITCH}=1 or "
-                   "start the run with `trl-compat run -- CMD`")
+        summary = (
+            f"not automatic: only scripts that `import trl_compat` get the fixes; set {SWITCH}=1 or "
+            "start the run with `trl-compat run -- CMD`"
+        )
     summary += {
         LAUNCHER: " (this process: by the launcher)",
         SWITCHED: f" (this process: by {SWITCH})",

@@ -32,21 +32,48 @@ TRANSFORMERS5_REMOVE_WHEN = "trl_compat drops TRL < 0.20 on transformers 5"
 
 # The optional-package flags trl.import_utils caches as `_<name>_available = _is_package_available(...)`
 # in TRL 0.14.0 - 0.20.0 (read from every version of that file; 0.14.0 has the first seven).
-TRL_IMPORT_FLAGS = tuple(f"_{name}_available" for name in (
-    "deepspeed", "diffusers", "llm_blender", "mergekit", "rich", "unsloth", "vllm", "fastapi", "joblib",
-    "pydantic", "requests", "uvicorn", "vllm_ascend"))
+TRL_IMPORT_FLAGS = tuple(
+    f"_{name}_available"
+    for name in (
+        "deepspeed",
+        "diffusers",
+        "llm_blender",
+        "mergekit",
+        "rich",
+        "unsloth",
+        "vllm",
+        "fastapi",
+        "joblib",
+        "pydantic",
+        "requests",
+        "uvicorn",
+        "vllm_ascend",
+    )
+)
 
 # The modules of TRL 0.14.0 - 0.16.0.dev0 that bind unwrap_model_for_generation by name: zero3-unwrap
 # rebinds each one it finds loaded to its wrapper.
-UNWRAP_BINDINGS = ("unwrap_model_for_generation", *(f"{module}:unwrap_model_for_generation" for module in (
-    "trl.models", "trl.trainer.callbacks", "trl.trainer.gkd_trainer", "trl.trainer.grpo_trainer",
-    "trl.trainer.nash_md_trainer", "trl.trainer.online_dpo_trainer", "trl.trainer.ppo_trainer",
-    "trl.trainer.rloo_trainer", "trl.trainer.xpo_trainer")))
+UNWRAP_BINDINGS = (
+    "unwrap_model_for_generation",
+    *(
+        f"{module}:unwrap_model_for_generation"
+        for module in (
+            "trl.models",
+            "trl.trainer.callbacks",
+            "trl.trainer.gkd_trainer",
+            "trl.trainer.grpo_trainer",
+            "trl.trainer.nash_md_trainer",
+            "trl.trainer.online_dpo_trainer",
+            "trl.trainer.ppo_trainer",
+            "trl.trainer.rloo_trainer",
+            "trl.trainer.xpo_trainer",
+        )
+    ),
+)
 
 # The method that tokenises the prompts and calls vLLM, which the three prompt patches wrap:
 # compute_loss (0.14), _prepare_inputs (0.15), _generate_and_score_completions (0.16+).
-PROMPT_GENERATION = ("GRPOTrainer._generate_and_score_completions", "GRPOTrainer._prepare_inputs",
-                     "GRPOTrainer.compute_loss")
+PROMPT_GENERATION = ("GRPOTrainer._generate_and_score_completions", "GRPOTrainer._prepare_inputs", "GRPOTrainer.compute_loss")
 
 PATCHES = [
     Patch(
@@ -59,24 +86,30 @@ PATCHES = [
         changes=TRL_IMPORT_FLAGS,
         requires=TRANSFORMERS5,
         # 0.20 is where trl_compat's support ends, not a fix: 0.20.0.dev0 builds have the bug and get the fix.
-        witnesses={"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0", "0.29.0"]},
-                   "transformers": {"inside": ["5.0.0"], "outside": ["4.57.0"]}},
+        witnesses={
+            "trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0", "0.29.0"]},
+            "transformers": {"inside": ["5.0.0"], "outside": ["4.57.0"]},
+        },
         impl="trl_compat.patches.transformers5_import",
         remove_when=TRANSFORMERS5_REMOVE_WHEN,
     ),
     Patch(
         id="transformers5-use-cache",
         summary="TRL < 0.20 on transformers 5: GRPOTrainer(model=<path>) passes use_cache=None, which configs reject",
-        symptom=("StrictDataclassFieldValidationError: Validation error for field 'use_cache': "
-                 "TypeError: Field 'use_cache' expected bool, got NoneType (value: None)"),
+        symptom=(
+            "StrictDataclassFieldValidationError: Validation error for field 'use_cache': "
+            "TypeError: Field 'use_cache' expected bool, got NoneType (value: None)"
+        ),
         upstream="none for TRL 0.14-0.19; TRL 0.20's model loading rewrite (PR #3072) no longer passes use_cache=None",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",  # the fix replaces the module's AutoModelForCausalLM; TRL's class must be there
         changes=("AutoModelForCausalLM",),
         requires=TRANSFORMERS5,
         # 0.20.0.dev0 builds carry 0.19's __init__ up to PR #3072 (56f4201db).
-        witnesses={"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0"]},
-                   "transformers": {"inside": ["5.0.0"], "outside": ["4.57.0"]}},
+        witnesses={
+            "trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0"]},
+            "transformers": {"inside": ["5.0.0"], "outside": ["4.57.0"]},
+        },
         impl="trl_compat.patches.transformers5_use_cache",
         remove_when=TRANSFORMERS5_REMOVE_WHEN,
     ),
@@ -90,8 +123,10 @@ PATCHES = [
         changes=("transformers.modeling_utils:PreTrainedModel.warnings_issued",),
         requires=TRANSFORMERS5,
         # 0.20 is where trl_compat's support ends; the line itself stays up to 0.28.0.
-        witnesses={"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0", "0.28.0"]},
-                   "transformers": {"inside": ["5.0.0"], "outside": ["4.57.0"]}},
+        witnesses={
+            "trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0", "0.28.0"]},
+            "transformers": {"inside": ["5.0.0"], "outside": ["4.57.0"]},
+        },
         impl="trl_compat.patches.transformers5_warnings_issued",
         remove_when=TRANSFORMERS5_REMOVE_WHEN,
     ),
@@ -118,8 +153,9 @@ PATCHES = [
             "under ZeRO-3, unwrapping the bare module uses its DeepSpeed engine: no AttributeError, hooks really "
             "removed during generation and restored (also on error)"
         ),
-        symptom=("AttributeError: 'Qwen2ForCausalLM' object has no attribute 'optimizer' "
-                 "(0.14.0; 0.15.x silently keeps the ZeRO-3 hooks)"),
+        symptom=(
+            "AttributeError: 'Qwen2ForCausalLM' object has no attribute 'optimizer' (0.14.0; 0.15.x silently keeps the ZeRO-3 hooks)"
+        ),
         upstream=(
             "https://github.com/huggingface/trl/issues/2782 (crash; guard in PR #2776, 0.15.0); "
             "hooks left in place fixed by PR #2871 in 0.16.0"
@@ -145,16 +181,20 @@ PATCHES = [
         changes=("add_hooks",),
         # deepspeed: any installed one; the probe reads which method name it has.
         requires={"trl": affected("0.14.0", "0.16.0"), "deepspeed": ">=0"},
-        witnesses={"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]},
-                   "deepspeed": {"inside": ["0.16.4"], "outside": []}},
+        witnesses={
+            "trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]},
+            "deepspeed": {"inside": ["0.16.4"], "outside": []},
+        },
         impl="trl_compat.patches.zero3_hooks_api",
         remove_when="trl_compat drops support for TRL < 0.16.0",
     ),
     Patch(
         id="logits-to-keep",
         summary="pass TRL's logits_to_keep/num_logits_to_keep under the name the model takes, else keep the last K logits",
-        symptom=("TypeError: forward() got an unexpected keyword argument 'logits_to_keep' "
-                 "(or RuntimeError: The size of tensor a (5) must match the size of tensor b (11))"),
+        symptom=(
+            "TypeError: forward() got an unexpected keyword argument 'logits_to_keep' "
+            "(or RuntimeError: The size of tensor a (5) must match the size of tensor b (11))"
+        ),
         upstream=(
             "https://github.com/huggingface/trl/issues/2770 (name mismatch; PR #2773 added a fallback slice in 0.15.0, "
             "PR #3553 removed it in 0.19.0); transformers PR #37149 removed num_logits_to_keep in 4.52"
@@ -175,7 +215,7 @@ PATCHES = [
     Patch(
         id="train-sampler-signature",
         summary="GRPOTrainer._get_train_sampler accepts the dataset transformers >= 4.52 passes (train() no longer "
-                "dies with TypeError); the grouped RepeatRandomSampler is unchanged",
+        "dies with TypeError); the grouped RepeatRandomSampler is unchanged",
         symptom="TypeError: GRPOTrainer._get_train_sampler() takes 1 positional argument but 2 were given",
         upstream=(
             "transformers PR #38090 (4.52: sampler_fn(dataset)) and #38226; "
@@ -185,17 +225,21 @@ PATCHES = [
         must_exist="GRPOTrainer",  # the override it wraps is inherited from Trainer once removed: the class is what must exist
         changes=("GRPOTrainer._get_train_sampler", "GRPOTrainer._get_eval_sampler"),
         requires={"trl": affected("0.15.0", "0.17.0"), "transformers": affected("4.52.0")},
-        witnesses={"trl": {"inside": ["0.15.0", "0.16.1", "0.17.0.dev0"], "outside": ["0.14.0", "0.17.0", "0.18.0"]},
-                   "transformers": {"inside": ["4.52.0"], "outside": ["4.51.3"]}},
+        witnesses={
+            "trl": {"inside": ["0.15.0", "0.16.1", "0.17.0.dev0"], "outside": ["0.14.0", "0.17.0", "0.18.0"]},
+            "transformers": {"inside": ["4.52.0"], "outside": ["4.51.3"]},
+        },
         impl="trl_compat.patches.train_sampler_signature",
         remove_when="trl_compat no longer supports TRL < 0.17.0 (and 0.17.0.dev0 installs older than PR #3283)",
     ),
     Patch(
         id="dataloader-workers",
         summary="dataloader_num_workers >= 1: seed_worker gets num_workers and rank (TRL 0.17-0.18.1 x "
-                "transformers >= 4.52) and the collator pickles for spawn workers",
-        symptom=("TypeError: seed_worker() missing 2 required positional arguments: 'num_workers' and 'rank' "
-                 "(spawn workers: Can't pickle local object 'GRPOTrainer.__init__.<locals>.data_collator')"),
+        "transformers >= 4.52) and the collator pickles for spawn workers",
+        symptom=(
+            "TypeError: seed_worker() missing 2 required positional arguments: 'num_workers' and 'rank' "
+            "(spawn workers: Can't pickle local object 'GRPOTrainer.__init__.<locals>.data_collator')"
+        ),
         upstream="https://github.com/huggingface/trl/pull/3568 (issues #3544, #2979, #3567; fixed in 0.18.2)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",
@@ -209,7 +253,7 @@ PATCHES = [
     Patch(
         id="grpo-eval-0.14",
         summary="GRPO evaluation on TRL 0.14.0: prediction_step computes the GRPO loss (no AttributeError); "
-                "eval_loss, eval_reward, ... logged apart from the training metrics",
+        "eval_loss, eval_reward, ... logged apart from the training metrics",
         symptom="AttributeError: 'list' object has no attribute 'get'",
         upstream="https://github.com/huggingface/trl/pull/2694 (fixed in 0.15.0; metrics split by mode in 0.16.0)",
         trigger=GRPO_MODULE,
@@ -223,7 +267,7 @@ PATCHES = [
     Patch(
         id="vllm-lora-names",
         summary="LoRA + use_vllm: PEFT names and unmerged weights went to vLLM ('no module or parameter "
-                "named base_model'); send base names and merged weights instead",
+        "named base_model'); send base names and merged weights instead",
         symptom="ValueError: There is no module or parameter named 'base_model' in Qwen2ForCausalLM",
         upstream="https://github.com/huggingface/trl/issues/2698 (fixed by PR #2725 in 0.15.0; merged values in 0.15.1)",
         trigger=GRPO_MODULE,
@@ -237,7 +281,7 @@ PATCHES = [
     Patch(
         id="vllm-merged-weights",
         summary="LoRA + use_vllm: vLLM got the base weights (unmerge ran before load_weights); "
-                "send merged weights computed out of place instead",
+        "send merged weights computed out of place instead",
         symptom="silent: vLLM generates from the base model, not the LoRA-merged one; the reward curve stays flat",
         upstream="https://github.com/huggingface/trl/issues/2856 (fixed by PR #2873 in 0.15.1)",
         trigger=GRPO_MODULE,
@@ -324,7 +368,7 @@ PATCHES = [
     Patch(
         id="resume-buffered-inputs",
         summary="resume_from_checkpoint with num_iterations > 1: the first resumed steps got None inputs "
-                "(TypeError); generate when the buffer is empty, as TRL 0.17.0 does",
+        "(TypeError); generate when the buffer is empty, as TRL 0.17.0 does",
         symptom="TypeError: 'NoneType' object is not subscriptable",
         upstream="https://github.com/huggingface/trl/pull/3148 (fixed in 0.17.0)",
         trigger=GRPO_MODULE,
@@ -338,7 +382,7 @@ PATCHES = [
     Patch(
         id="reward-model-zero3",
         summary="DeepSpeed ZeRO-3: a model given as reward function was left partitioned and its first forward "
-                "failed (Padding_idx must be within num_embeddings); prepare it with prepare_deepspeed",
+        "failed (Padding_idx must be within num_embeddings); prepare it with prepare_deepspeed",
         symptom="AssertionError: Padding_idx must be within num_embeddings",
         upstream="https://github.com/huggingface/trl/issues/3202 (fixed by PR #3326 in 0.17.0)",
         trigger=GRPO_MODULE,
@@ -354,8 +398,10 @@ PATCHES = [
     Patch(
         id="vllm-prompt-truncation",
         summary="use_vllm: vLLM generated from the untruncated prompt, the loss saw its last max_prompt_length ids",
-        symptom=("silent: vLLM samples from the untruncated prompt (too long for vLLM: ValueError: The decoder "
-                 "prompt (length ...) is longer than the maximum model length of ...)"),
+        symptom=(
+            "silent: vLLM samples from the untruncated prompt (too long for vLLM: ValueError: The decoder "
+            "prompt (length ...) is longer than the maximum model length of ...)"
+        ),
         upstream="https://github.com/huggingface/trl/issues/3569 (fixed in 0.19.0 by PR #3601)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",
@@ -400,8 +446,10 @@ PATCHES = [
         must_exist="GRPOTrainer",
         changes=("GRPOTrainer.__init__",),
         requires={"trl": affected("0.14.0", "0.16.0"), "vllm": affected("0.8.0")},
-        witnesses={"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]},
-                   "vllm": {"inside": ["0.8.0", "0.8.5.post2", "0.10.2"], "outside": ["0.7.2"]}},
+        witnesses={
+            "trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]},
+            "vllm": {"inside": ["0.8.0", "0.8.5.post2", "0.10.2"], "outside": ["0.7.2"]},
+        },
         impl="trl_compat.patches.vllm_v1_engine",
         remove_when="TRL 0.14.x and 0.15.x are no longer supported",
     ),

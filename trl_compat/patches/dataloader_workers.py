@@ -77,14 +77,15 @@ def _seed_worker_finding(module):
         return None, "GRPOTrainer.get_train_dataloader names a seed_worker its module does not have"
     if not _needs_worker_args(seed_worker):
         return False, "GRPOTrainer.get_train_dataloader passes the bare seed_worker, which takes the worker id alone"
-    return True, (f"GRPOTrainer.get_train_dataloader passes the bare seed_worker{inspect.signature(seed_worker)} "
-                  "as worker_init_fn: every DataLoader worker dies with TypeError")
+    return True, (
+        f"GRPOTrainer.get_train_dataloader passes the bare seed_worker{inspect.signature(seed_worker)} "
+        "as worker_init_fn: every DataLoader worker dies with TypeError"
+    )
 
 
 def _collator_finding(module):
     if LOCAL_COLLATOR in code(module.GRPOTrainer.__init__):
-        return True, ("GRPOTrainer.__init__ gives the Trainer a local data_collator, which spawn workers "
-                      "cannot unpickle")
+        return True, ("GRPOTrainer.__init__ gives the Trainer a local data_collator, which spawn workers cannot unpickle")
     return False, "GRPOTrainer's collator is no local function"
 
 
@@ -108,8 +109,7 @@ def _get_train_dataloader_factory(module):
             args_ = self.args
             with _swap_lock:
                 # TRL's method reads the module global at call time: give it TRL 0.18.2's argument.
-                module.seed_worker = functools.partial(
-                    bare, num_workers=args_.dataloader_num_workers, rank=args_.process_index)
+                module.seed_worker = functools.partial(bare, num_workers=args_.dataloader_num_workers, rank=args_.process_index)
                 try:
                     return original(self, *args, **kwargs)
                 finally:

@@ -67,8 +67,11 @@ def _only_returns_its_argument(function) -> bool:
     body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
     params = [a.arg for a in fn.args.args]
     return (
-        len(body) == 1 and isinstance(body[0], ast.Return) and isinstance(body[0].value, ast.Name)
-        and len(params) >= 2 and body[0].value.id == params[1]
+        len(body) == 1
+        and isinstance(body[0], ast.Return)
+        and isinstance(body[0].value, ast.Name)
+        and len(params) >= 2
+        and body[0].value.id == params[1]
     )
 
 
@@ -87,11 +90,11 @@ def probe(module):
     loss = code(cls.compute_loss)
     log_source = code(vars(cls)["log"]) if "log" in vars(cls) else ""
     if "inputs.get(" not in step:
-        return undecided("transformers' Trainer.prediction_step no longer calls inputs.get(...): "
-                         "cannot tell whether it takes GRPO's raw batch")
+        return undecided(
+            "transformers' Trainer.prediction_step no longer calls inputs.get(...): cannot tell whether it takes GRPO's raw batch"
+        )
     if not (passes_through and RAW_PROMPTS in loss):
-        return undecided("GRPOTrainer has no prediction_step but does not pass the raw batch to compute_loss "
-                         "the way TRL 0.14.0 does")
+        return undecided("GRPOTrainer has no prediction_step but does not pass the raw batch to compute_loss the way TRL 0.14.0 does")
     if "self._metrics" not in log_source or "self._metrics[" not in loss:
         return undecided("GRPOTrainer.log/compute_loss do not keep their metrics in self._metrics")
     return needed(

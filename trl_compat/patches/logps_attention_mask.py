@@ -44,17 +44,17 @@ _KEEP = ("num_logits_to_keep", "logits_to_keep")
 
 
 def probe(module):
-    caller, verdict = logps_calls.unfixed(module.GRPOTrainer, "attention_mask",
-                                           "passes the attention mask to the model")
+    caller, verdict = logps_calls.unfixed(module.GRPOTrainer, "attention_mask", "passes the attention mask to the model")
     if verdict is not None:
         return verdict
     calls = [name for name in _KEEP if f"model(input_ids, {name}=" in caller.code]
     if caller.kind != logps_calls.NESTED or not calls:
-        return undecided(f"{caller.where} passes no attention mask, but calls the model in a way this patch "
-                         "does not know")
-    return needed(f"{caller.where} calls model(input_ids, {calls[0]}=...) without attention_mask: left-padded "
-                  "prompt pads are attended to in the policy and reference log-probs (and the KL); the mask "
-                  "TRL 0.15.0 passes is added to those calls")
+        return undecided(f"{caller.where} passes no attention mask, but calls the model in a way this patch does not know")
+    return needed(
+        f"{caller.where} calls model(input_ids, {calls[0]}=...) without attention_mask: left-padded "
+        "prompt pads are attended to in the policy and reference log-probs (and the KL); the mask "
+        "TRL 0.15.0 passes is added to those calls"
+    )
 
 
 def logps_mask(input_ids, completion_length: int, pad_token_id, eos_token_id):
@@ -87,8 +87,7 @@ def _pre_hook(trainer, raw):
             return None
         tokenizer = getattr(trainer, "processing_class", None)
         tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor wraps its tokenizer
-        mask = logps_mask(input_ids, int(keep) - 1, getattr(tokenizer, "pad_token_id", None),
-                          getattr(tokenizer, "eos_token_id", None))
+        mask = logps_mask(input_ids, int(keep) - 1, getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None))
         return args, {**kwargs, "attention_mask": mask.to(input_ids.device)}
 
     return add_mask

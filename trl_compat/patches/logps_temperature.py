@@ -41,13 +41,14 @@ SWITCH = "TRL_COMPAT_LOGPS_TEMPERATURE"
 
 
 def probe(module):
-    caller, verdict = logps_calls.unfixed(module.GRPOTrainer, "temperature",
-                                           "divides the logits by the sampling temperature")
+    caller, verdict = logps_calls.unfixed(module.GRPOTrainer, "temperature", "divides the logits by the sampling temperature")
     if verdict is not None:
         return verdict
-    return needed(f"{caller.where} computes log-probs at temperature 1 while completions are sampled at "
-                  "GRPOConfig.temperature (default 0.9); the patch divides the logits of TRL's log-prob "
-                  "forwards by it, as TRL 0.16 does (this changes the training objective)")
+    return needed(
+        f"{caller.where} computes log-probs at temperature 1 while completions are sampled at "
+        "GRPOConfig.temperature (default 0.9); the patch divides the logits of TRL's log-prob "
+        "forwards by it, as TRL 0.16 does (this changes the training objective)"
+    )
 
 
 def _temperature(trainer):

@@ -44,9 +44,11 @@ _FIXED = re.compile(r"(?<![\w.])(processing_class|tokenizer) \. pad_token = \1 \
 def probe(module):
     if _FIXED.search(code(module.GRPOTrainer.__init__)):
         return not_needed("GRPOTrainer.__init__ sets pad_token = eos_token when the tokenizer has none")
-    return needed("GRPOTrainer.__init__ never sets a missing pad token: a tokenizer without one fails at the first "
-                  "step with 'Asking to pad but the tokenizer does not have a padding token'; pad_token = "
-                  "eos_token is set, as TRL 0.17 does")
+    return needed(
+        "GRPOTrainer.__init__ never sets a missing pad token: a tokenizer without one fails at the first "
+        "step with 'Asking to pad but the tokenizer does not have a padding token'; pad_token = "
+        "eos_token is set, as TRL 0.17 does"
+    )
 
 
 def _tokenizer(processing_class):
@@ -61,8 +63,11 @@ def set_pad_token(processing_class) -> bool:
     if getattr(tokenizer, "pad_token", None) is not None or getattr(tokenizer, "eos_token", None) is None:
         return False
     tokenizer.pad_token = tokenizer.eos_token
-    log.warning("trl_compat: %s: the tokenizer has no pad token; using its EOS token %r as pad token, as TRL "
-                "0.17 does", PATCH_ID, tokenizer.eos_token)
+    log.warning(
+        "trl_compat: %s: the tokenizer has no pad token; using its EOS token %r as pad token, as TRL 0.17 does",
+        PATCH_ID,
+        tokenizer.eos_token,
+    )
     return True
 
 

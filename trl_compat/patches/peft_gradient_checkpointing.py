@@ -43,9 +43,11 @@ def probe(module):
         return not_needed("GRPOTrainer enables gradient checkpointing itself (_enable_gradient_checkpointing)")
     if "enable_input_require_grads" in code(cls.__init__):
         return not_needed("GRPOTrainer.__init__ calls enable_input_require_grads")
-    return needed("GRPOTrainer leaves gradient checkpointing to transformers' Trainer, which does not call "
-                  "enable_input_require_grads for a PeftModel: with reentrant checkpointing the first backward "
-                  "raises 'element 0 of tensors does not require grad'; it is called after __init__")
+    return needed(
+        "GRPOTrainer leaves gradient checkpointing to transformers' Trainer, which does not call "
+        "enable_input_require_grads for a PeftModel: with reentrant checkpointing the first backward "
+        "raises 'element 0 of tensors does not require grad'; it is called after __init__"
+    )
 
 
 def _is_peft_model(model) -> bool:
@@ -59,8 +61,12 @@ def _uses_reentrant(args) -> bool:
 
 def _after(trainer, arguments) -> None:
     model, config = getattr(trainer, "model", None), getattr(trainer, "args", None)
-    if (getattr(config, "gradient_checkpointing", False) and _uses_reentrant(config)
-            and _is_peft_model(model) and callable(getattr(model, "enable_input_require_grads", None))):
+    if (
+        getattr(config, "gradient_checkpointing", False)
+        and _uses_reentrant(config)
+        and _is_peft_model(model)
+        and callable(getattr(model, "enable_input_require_grads", None))
+    ):
         model.enable_input_require_grads()
         log.debug("trl_compat: %s: enable_input_require_grads() on the PEFT model", PATCH_ID)
 

@@ -46,8 +46,10 @@ def probe(module):
     if "is None" in source:
         return not_needed("GRPOTrainer._prepare_inputs generates when its buffer is None")
     if REUSES in source and GATE in source:
-        return needed("GRPOTrainer._prepare_inputs reuses self._buffered_inputs whenever global_step % "
-                      "num_iterations != 0, never checking for None: a run resumed mid-iteration gets None inputs")
+        return needed(
+            "GRPOTrainer._prepare_inputs reuses self._buffered_inputs whenever global_step % "
+            "num_iterations != 0, never checking for None: a run resumed mid-iteration gets None inputs"
+        )
     return undecided("GRPOTrainer._prepare_inputs buffers generations in a form trl_compat does not know")
 
 
@@ -58,8 +60,14 @@ def _prepare_inputs_factory(original):
             buffered = getattr(self, "_buffered_inputs", None)
             accumulation = self.args.gradient_accumulation_steps
             slot = self._step % accumulation
-            if isinstance(buffered, list) and slot < len(buffered) and buffered[slot] is None \
-                    and self.state.global_step % self.num_iterations != 0 and len(args) == 1 and not kwargs:
+            if (
+                isinstance(buffered, list)
+                and slot < len(buffered)
+                and buffered[slot] is None
+                and self.state.global_step % self.num_iterations != 0
+                and len(args) == 1
+                and not kwargs
+            ):
                 # Resumed mid-iteration: nothing generated in this process yet. TRL 0.17.0 regenerates here.
                 inputs = self._generate_and_score_completions(args[0])
                 buffered[slot] = inputs

@@ -46,10 +46,14 @@ def probe(module):
         return not_needed("GRPOTrainer.__init__ prepares reward models with prepare_deepspeed")
     if ACCELERATE_ONLY in source:
         if not hasattr(module, "prepare_deepspeed"):
-            return undecided("GRPOTrainer.__init__ leaves reward models unprepared for ZeRO-3, but its module "
-                             "has no prepare_deepspeed to fix that with")
-        return needed("GRPOTrainer.__init__ prepares reward models with accelerator.prepare_model only: under "
-                      "ZeRO-3 their weights stay partitioned and the first reward forward fails")
+            return undecided(
+                "GRPOTrainer.__init__ leaves reward models unprepared for ZeRO-3, but its module "
+                "has no prepare_deepspeed to fix that with"
+            )
+        return needed(
+            "GRPOTrainer.__init__ prepares reward models with accelerator.prepare_model only: under "
+            "ZeRO-3 their weights stay partitioned and the first reward forward fails"
+        )
     return undecided("GRPOTrainer.__init__ prepares reward models in a form trl_compat does not know")
 
 

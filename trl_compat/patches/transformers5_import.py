@@ -51,8 +51,7 @@ def tuple_flags(module) -> dict:
     return {
         name: value
         for name, value in vars(module).items()
-        if name.startswith("_") and name.endswith("_available")
-        and isinstance(value, tuple) and value and isinstance(value[0], bool)
+        if name.startswith("_") and name.endswith("_available") and isinstance(value, tuple) and value and isinstance(value[0], bool)
     }
 
 

@@ -82,10 +82,11 @@ def probe(module):
 
     bound = getattr(module, "AutoModelForCausalLM", None)
     if LOAD_PATTERN not in source or bound is not transformers.AutoModelForCausalLM:
-        return undecided("GRPOTrainer.__init__ passes use_cache=None, which transformers' strict configs reject, "
-                         f"but does not load through the module's AutoModelForCausalLM (found {bound!r})")
-    return needed("GRPOTrainer.__init__ passes use_cache=None to from_pretrained; transformers' strict configs "
-                  "reject it")
+        return undecided(
+            "GRPOTrainer.__init__ passes use_cache=None, which transformers' strict configs reject, "
+            f"but does not load through the module's AutoModelForCausalLM (found {bound!r})"
+        )
+    return needed("GRPOTrainer.__init__ passes use_cache=None to from_pretrained; transformers' strict configs reject it")
 
 
 def apply(module, patcher):

@@ -35,10 +35,12 @@ def _judge(name, source):
         return not_needed(f"GRPOTrainer.{name} tokenises prompts with the tokenizer's special tokens, as vLLM does")
     if not vllm_prompts.calls_vllm_with_text(source):
         return not_needed(f"GRPOTrainer.{name} does not hand vLLM the prompt texts")
-    return needed(f"GRPOTrainer.{name} tokenises prompts with add_special_tokens=False for the loss but hands vLLM "
-                  "text, which vLLM tokenises with special tokens: a BOS-adding tokenizer whose chat template writes "
-                  "the BOS text gives vLLM two BOS ids, training one; with the patch such prompts reach vLLM as the "
-                  "training ids, which changes what is generated for them (prompts both tokenise alike are untouched)")
+    return needed(
+        f"GRPOTrainer.{name} tokenises prompts with add_special_tokens=False for the loss but hands vLLM "
+        "text, which vLLM tokenises with special tokens: a BOS-adding tokenizer whose chat template writes "
+        "the BOS text gives vLLM two BOS ids, training one; with the patch such prompts reach vLLM as the "
+        "training ids, which changes what is generated for them (prompts both tokenise alike are untouched)"
+    )
 
 
 probe, apply = vllm_prompts.prompt_patch(vllm_prompts.DOUBLE_BOS, _judge)

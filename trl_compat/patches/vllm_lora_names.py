@@ -61,8 +61,10 @@ def probe(module):
     site = sync_site(module.GRPOTrainer)
     if site is None:
         return undecided("PEFT names reach vLLM's load_weights, but the sync site is not one this patch can hook")
-    return needed(f"GRPOTrainer.{site[1]} sends PeftModel.state_dict() to vLLM's load_weights unmerged "
-                  "and with PEFT names ('base_model.model.', '.base_layer', lora_A/lora_B)")
+    return needed(
+        f"GRPOTrainer.{site[1]} sends PeftModel.state_dict() to vLLM's load_weights unmerged "
+        "and with PEFT names ('base_model.model.', '.base_layer', lora_A/lora_B)"
+    )
 
 
 def apply(module, patcher):

@@ -44,8 +44,10 @@ def probe(module):
     if unmerge < 0:
         return not_needed("_move_model_to_vllm does not merge/unmerge a PEFT adapter")
     if unmerge < min(sends):
-        return needed("_move_model_to_vllm calls unmerge_adapter() before vLLM's load_weights(): "
-                      "vLLM receives the base weights, not the merged ones")
+        return needed(
+            "_move_model_to_vllm calls unmerge_adapter() before vLLM's load_weights(): "
+            "vLLM receives the base weights, not the merged ones"
+        )
     return not_needed("_move_model_to_vllm unmerges the adapter after load_weights() (fixed in 0.15.1)")
 
 

@@ -50,10 +50,14 @@ def probe(module):
         return not_needed("GRPOTrainer does not turn on vLLM's prefix caching")
     if "_move_model_to_vllm" not in vars(module.GRPOTrainer):
         # early 0.15.0.dev0 builds: caching on, weights loaded inline in compute_loss
-        return undecided("vLLM's prefix cache is on and never reset, but this build loads weights inline "
-                         "(no _move_model_to_vllm) where this patch cannot hook in")
-    return needed("vLLM is built with enable_prefix_caching and its cache is never reset after "
-                  "_move_model_to_vllm: prompt prefixes keep KV from older weights")
+        return undecided(
+            "vLLM's prefix cache is on and never reset, but this build loads weights inline "
+            "(no _move_model_to_vllm) where this patch cannot hook in"
+        )
+    return needed(
+        "vLLM is built with enable_prefix_caching and its cache is never reset after "
+        "_move_model_to_vllm: prompt prefixes keep KV from older weights"
+    )
 
 
 def _reset_prefix_cache(trainer) -> None:
@@ -62,12 +66,16 @@ def _reset_prefix_cache(trainer) -> None:
         return
     reset = getattr(llm, "reset_prefix_cache", None)
     if reset is None:
-        log.warning("trl_compat: vllm-prefix-cache: this vLLM has no LLM.reset_prefix_cache (added in "
-                    "vLLM 0.7.0); prompt prefixes cached before this weight sync stay in use")
+        log.warning(
+            "trl_compat: vllm-prefix-cache: this vLLM has no LLM.reset_prefix_cache (added in "
+            "vLLM 0.7.0); prompt prefixes cached before this weight sync stay in use"
+        )
         return
     if reset() is False:
-        log.warning("trl_compat: vllm-prefix-cache: vLLM could not reset its prefix cache (blocks still "
-                    "in use); prompt prefixes cached before this weight sync may be reused")
+        log.warning(
+            "trl_compat: vllm-prefix-cache: vLLM could not reset its prefix cache (blocks still "
+            "in use); prompt prefixes cached before this weight sync may be reused"
+        )
 
 
 def _wrap_move(move):

@@ -32,9 +32,11 @@ from trl_compat._helpers import vllm_prompts
 
 def _judge(name, source):
     if "batch_decode(prompt_ids, skip_special_tokens=True" in source:
-        return needed(f"GRPOTrainer.{name} decodes the truncated prompt ids for vLLM with skip_special_tokens=True: "
-                      "chat-template tokens and BOS are missing from every vLLM prompt; with the patch vLLM "
-                      "generates from the training ids, special tokens included, which changes what is generated")
+        return needed(
+            f"GRPOTrainer.{name} decodes the truncated prompt ids for vLLM with skip_special_tokens=True: "
+            "chat-template tokens and BOS are missing from every vLLM prompt; with the patch vLLM "
+            "generates from the training ids, special tokens included, which changes what is generated"
+        )
     if "batch_decode(prompt_ids" in source:
         return not_needed(f"GRPOTrainer.{name} keeps special tokens when it decodes the truncated prompt (PR #3651)")
     return not_needed(f"GRPOTrainer.{name} does not re-decode the truncated prompt for vLLM")

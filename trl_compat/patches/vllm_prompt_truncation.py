@@ -37,12 +37,13 @@ def _judge(name, source):
     if "batch_decode(prompt_ids" in source:
         return not_needed(f"GRPOTrainer.{name} hands vLLM the truncated prompt, decoded (PR #3601)")
     if not vllm_prompts.calls_vllm_with_text(source):
-        return undecided(f"GRPOTrainer.{name} truncates prompts but does not hand vLLM all_prompts_text "
-                         "the way this patch expects")
-    return needed(f"GRPOTrainer.{name} keeps the last max_prompt_length prompt ids for the loss but hands vLLM "
-                  "the untruncated prompt text (off-policy generation, or vLLM's 'decoder prompt is longer than "
-                  "the maximum model length'); with the patch vLLM generates from the truncated ids instead, which "
-                  "changes what is generated for prompts longer than max_prompt_length")
+        return undecided(f"GRPOTrainer.{name} truncates prompts but does not hand vLLM all_prompts_text the way this patch expects")
+    return needed(
+        f"GRPOTrainer.{name} keeps the last max_prompt_length prompt ids for the loss but hands vLLM "
+        "the untruncated prompt text (off-policy generation, or vLLM's 'decoder prompt is longer than "
+        "the maximum model length'); with the patch vLLM generates from the truncated ids instead, which "
+        "changes what is generated for prompts longer than max_prompt_length"
+    )
 
 
 probe, apply = vllm_prompts.prompt_patch(vllm_prompts.TRUNCATION, _judge)

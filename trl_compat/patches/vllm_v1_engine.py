@@ -106,9 +106,12 @@ def apply(module, patcher):
         if VAR not in os.environ and getattr(arguments.get("args"), "use_vllm", False):
             os.environ[VAR] = "0"
             mine.append(True)
-            log.info("trl_compat: vllm-v1-engine: set %s=0 before GRPOTrainer builds its vLLM engine (TRL's "
-                     "in-process weight sync reads the V0 engine's model_executor); set %s to override",
-                     VAR, VAR)
+            log.info(
+                "trl_compat: vllm-v1-engine: set %s=0 before GRPOTrainer builds its vLLM engine (TRL's "
+                "in-process weight sync reads the V0 engine's model_executor); set %s to override",
+                VAR,
+                VAR,
+            )
 
     around_init(before=default_to_v0)(module, patcher)
 

@@ -34,6 +34,8 @@ def is_set(name: str) -> bool:
 def set_vllm_use_v1(use_v1: bool) -> None:
     """vLLM records the engine it picked for the whole process when the user left the choice open."""
     if is_set("VLLM_USE_V1"):
-        raise ValueError("Should not call set_vllm_use_v1() if VLLM_USE_V1 is set explicitly by the user. "
-                         "Please raise this as a Github Issue and explicitly set VLLM_USE_V1=0 or 1.")
+        raise ValueError(
+            "Should not call set_vllm_use_v1() if VLLM_USE_V1 is set explicitly by the user. "
+            "Please raise this as a Github Issue and explicitly set VLLM_USE_V1=0 or 1."
+        )
     os.environ["VLLM_USE_V1"] = "1" if use_v1 else "0"

@@ -91,9 +91,19 @@ class SamplingParams:
     def unsupported_fields(self) -> list[str]:
         bad = []
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        for name in ("presence_penalty", "frequency_penalty", "stop", "bad_words", "logprobs",
-                     "prompt_logprobs", "logits_processors", "truncate_prompt_tokens", "guided_decoding",
-                     "logit_bias", "allowed_token_ids"):
+        for name in (
+            "presence_penalty",
+            "frequency_penalty",
+            "stop",
+            "bad_words",
+            "logprobs",
+            "prompt_logprobs",
+            "logits_processors",
+            "truncate_prompt_tokens",
+            "guided_decoding",
+            "logit_bias",
+            "allowed_token_ids",
+        ):
             if getattr(self, name) != defaults[name]:
                 bad.append(name)
         if self.best_of is not None and self.best_of != self.n:

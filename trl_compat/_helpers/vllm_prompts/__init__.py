@@ -72,8 +72,7 @@ def generation_method(cls: type) -> Optional[str]:
 def calls_vllm_with_text(source) -> bool:
     """TRL hands vLLM the prompt *texts*: the in-process ``self.llm.generate(all_prompts_text``
     (0.14/0.15, 0.18/0.19 colocate) or the server client's ``prompts=ordered_set_of_prompts``."""
-    return ("self.llm.generate(all_prompts_text" in source
-            or "self.vllm_client.generate(prompts=ordered_set_of_prompts" in source)
+    return "self.llm.generate(all_prompts_text" in source or "self.vllm_client.generate(prompts=ordered_set_of_prompts" in source
 
 
 def wrap_generation(module, patcher, fix: str) -> None:

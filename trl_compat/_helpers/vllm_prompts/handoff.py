@@ -76,8 +76,8 @@ class Handoff:
         not found inside."""
         full, plain = self.encode(text, special=True), self.encode(text, special=False)
         for start in range(len(full) - len(plain) + 1):
-            if full[start:start + len(plain)] == plain:
-                return full[:start], full[start + len(plain):]
+            if full[start : start + len(plain)] == plain:
+                return full[:start], full[start + len(plain) :]
         return None
 
     def training_ids(self, text: str) -> list:
@@ -97,8 +97,7 @@ class Handoff:
         pairs = []
         for example in inputs:
             ids = self.training_ids(maybe_apply_chat_template(example, self.trainer.processing_class)["prompt"])
-            pairs.append((self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False),
-                          ids))
+            pairs.append((self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False), ids))
         accelerator = getattr(self.trainer, "accelerator", None)
         if getattr(self.trainer, "vllm_mode", None) == "server" and getattr(accelerator, "num_processes", 1) > 1:
             # the main process sends every process's prompts to the server; every process runs
@@ -119,8 +118,12 @@ class Handoff:
         if SPECIAL_TOKENS in fixes and text in self.lossy:
             base = self.lossy[text]
             if base is None:
-                warn_once(log, "ambiguous", "trl_compat: vllm-prompt-special-tokens: two prompts of this batch "
-                          "differ only in special tokens; their vLLM prompt is left as TRL wrote it")
+                warn_once(
+                    log,
+                    "ambiguous",
+                    "trl_compat: vllm-prompt-special-tokens: two prompts of this batch "
+                    "differ only in special tokens; their vLLM prompt is left as TRL wrote it",
+                )
         if base is None:
             base = self.encode(text, special=False)
         limit = getattr(self.trainer, "max_prompt_length", None)
@@ -158,11 +161,15 @@ class Handoff:
         added = self.added_by_vllm(text)
         if added is not None:
             before, after = added
-            if target[:len(before)] == before and (not after or target[-len(after):] == after):
-                body = target[len(before):len(target) - len(after)]
+            if target[: len(before)] == before and (not after or target[-len(after) :] == after):
+                body = target[len(before) : len(target) - len(after)]
                 text = self.tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         if self.encode(text, special=True) != target:
-            warn_once(log, "server", "trl_compat: the vLLM server takes prompts as text, and no text gives back "
-                      "the training prompt's ids with this tokenizer (e.g. training ids without the BOS the tokenizer "
-                      "adds); the closest text is sent")
+            warn_once(
+                log,
+                "server",
+                "trl_compat: the vLLM server takes prompts as text, and no text gives back "
+                "the training prompt's ids with this tokenizer (e.g. training ids without the BOS the tokenizer "
+                "adds); the closest text is sent",
+            )
         return text

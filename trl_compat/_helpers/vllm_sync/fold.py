@@ -19,16 +19,23 @@ def fold_is_exact(weight_a: Any, weight_b: Any, scaling: Any) -> bool:
     Any other scaling (0.5: B * 0.5 can go subnormal), a zero, NaN or inf in A or B: ``False``."""
     import torch
 
-    if (not isinstance(scaling, (int, float)) or not 1 < scaling < math.inf or math.frexp(scaling)[0] != 0.5
-            or weight_a.dim() != 2 or weight_b.dim() != 2 or weight_a.dtype != weight_b.dtype):
+    if (
+        not isinstance(scaling, (int, float))
+        or not 1 < scaling < math.inf
+        or math.frexp(scaling)[0] != 0.5
+        or weight_a.dim() != 2
+        or weight_b.dim() != 2
+        or weight_a.dtype != weight_b.dtype
+    ):
         return False
     info, rank = torch.finfo(weight_a.dtype), weight_a.shape[0]
     if (rank + 1) * info.eps > 0.69:  # (1 + eps) ** (r + 1), the roundings' growth, may pass 2
         return False
     # A zero entry makes a minimum 0 and the answer False: rare in trained adapters (B is all zeros
     # before the first step only); finding the smallest nonzero entry instead took 5x as long.
-    min_a, max_a, min_b, max_b = torch.stack([*torch.aminmax(weight_a.abs()), *torch.aminmax(weight_b.abs())]
-                                             ).tolist()  # one device sync; NaN compares False
+    min_a, max_a, min_b, max_b = torch.stack(
+        [*torch.aminmax(weight_a.abs()), *torch.aminmax(weight_b.abs())]
+    ).tolist()  # one device sync; NaN compares False
     # ulp(x) >= x * eps / 2; `largest` bounds scaling, B * scaling and each partial sum alike
     largest = scaling * max(max_b, 1.0) * max(max_a * rank * 2, 1.0)
     return largest < info.max and min_a * min_b * info.eps * info.eps / 4 >= info.tiny

@@ -12,10 +12,17 @@ from trl_compat._helpers.vllm_sync.fold import fold_is_exact
 # Module attributes holding hook dicts: a private copy of a layer must not carry the
 # training model's hooks (DeepSpeed, accelerate) along.
 _HOOK_DICTS = (
-    "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
-    "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks",
-    "_backward_pre_hooks", "_state_dict_hooks", "_state_dict_pre_hooks",
-    "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks",
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_state_dict_hooks",
+    "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks",
 )
 
 
@@ -102,11 +109,17 @@ def _lora_delta(layer: Any, adapter: str, embedding: bool, workspace: Any = None
     folded = fold_is_exact(weight_a, weight_b, scaling)
     if folded:  # PEFT scales the weight-sized product; scaling B (out x r) saves that pass, same bits
         weight_b = weight_b * scaling
-    if (workspace is not None and weight_a.dim() == 2 and weight_b.dim() == 2
-            and weight_a.dtype == weight_b.dtype and weight_a.device == weight_b.device):
+    if (
+        workspace is not None
+        and weight_a.dim() == 2
+        and weight_b.dim() == 2
+        and weight_a.dtype == weight_b.dtype
+        and weight_a.device == weight_b.device
+    ):
         # the same mm kernel as ``weight_b @ weight_a``, written into a reused buffer
-        delta = torch.mm(weight_b, weight_a, out=workspace.empty(
-            (weight_b.shape[0], weight_a.shape[1]), weight_a.dtype, weight_a.device))
+        delta = torch.mm(
+            weight_b, weight_a, out=workspace.empty((weight_b.shape[0], weight_a.shape[1]), weight_a.dtype, weight_a.device)
+        )
     else:
         delta = weight_b @ weight_a
     if fan_in_fan_out:
@@ -132,9 +145,9 @@ def _add_rounded(weight: Any, delta: Any, workspace: Any) -> Any:
     rows = max(1, (1 << 18) // max(1, weight[0].numel()))
     scratch = workspace.empty((min(rows, weight.shape[0]),) + tuple(weight.shape[1:]), delta.dtype, delta.device)
     for start in range(0, weight.shape[0], rows):
-        part = delta[start:start + rows]
-        wide = scratch[:part.shape[0]].copy_(weight[start:start + rows])
-        out[start:start + rows].copy_(part.add_(wide))
+        part = delta[start : start + rows]
+        wide = scratch[: part.shape[0]].copy_(weight[start : start + rows])
+        out[start : start + rows].copy_(part.add_(wide))
     return out
 
 
@@ -151,8 +164,11 @@ def merged_weight(layer: Any, adapters: Tuple[str, ...], embedding: bool, worksp
         for adapter in adapters:
             delta = _lora_delta(layer, adapter, embedding, workspace if merged is None else None)
             if merged is None:
-                if (delta.shape == weight.shape and delta.device == weight.device
-                        and torch.promote_types(delta.dtype, weight.dtype) == delta.dtype):
+                if (
+                    delta.shape == weight.shape
+                    and delta.device == weight.device
+                    and torch.promote_types(delta.dtype, weight.dtype) == delta.dtype
+                ):
                     # PEFT's ``W += delta`` computes W + delta in the promoted dtype and rounds
                     # once to W's dtype; d + W is the same sum, bit for bit, without a copy of W.
                     if delta.dtype == weight.dtype or workspace is None:

@@ -34,8 +34,7 @@ class Plan:
 
     def _merged_from(self, owner: Step, workspace: Any) -> Any:
         if owner.kind == "fast":
-            return merged_weight(owner.module, owner.adapters, type(owner.module) is self.peft.fast_embedding,
-                                 workspace)
+            return merged_weight(owner.module, owner.adapters, type(owner.module) is self.peft.fast_embedding, workspace)
         return copy_merged_state(owner.module, "")["weight"]
 
     def items(self, step: Step, workspace: Any = None) -> Dict[str, Any]:
@@ -137,8 +136,7 @@ def push_inplace(peft_model: Any, llm_model: Any, is_main: bool) -> None:
             if is_main:
                 state = peft_model.state_dict()
                 items = (
-                    (k.removeprefix("base_model.model.").replace(".base_layer", "")
-                     .replace(f"modules_to_save.{active}.", ""), v)
+                    (k.removeprefix("base_model.model.").replace(".base_layer", "").replace(f"modules_to_save.{active}.", ""), v)
                     for k, v in state.items()
                     if prefix not in k and "original_module" not in k
                 )

@@ -54,9 +54,7 @@ def resolve(model: Any, peft: Peft) -> Tuple[Any, Any]:
     if peft.isinstance(model, "PeftModel"):
         tuner = getattr(model, "base_model", None)
         if tuner is None or not peft.isinstance(tuner, "BaseTuner"):
-            raise UnsupportedModel(
-                f"PEFT type {getattr(model, 'peft_type', '?')} does not inject adapter layers into the model"
-            )
+            raise UnsupportedModel(f"PEFT type {getattr(model, 'peft_type', '?')} does not inject adapter layers into the model")
         return peel(tuner.model, peft=False, fsdp=False), model
     if peft.isinstance(model, "BaseTuner"):  # a bare LoraModel
         return peel(model.model, peft=False, fsdp=False), None

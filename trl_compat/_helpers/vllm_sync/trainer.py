@@ -38,11 +38,13 @@ def sync_trainer(trainer: Any) -> bool:
         peft = Peft()
         peft_model = peel(model, peft=False, fsdp=False)
         if peft.isinstance(peft_model, "PeftModel") and callable(getattr(peft_model, "merge_adapter", None)):
-            warn_once(log,
+            warn_once(
+                log,
                 "inplace:" + str(exc),
                 "trl_compat: vLLM sync: %s is not supported by the out-of-place merge; falling back to "
                 "TRL 0.15.1's in-place merge_adapter()/unmerge_adapter() (vLLM gets the merged weights, "
-                "but the training weights may change by rounding at each sync)", exc,
+                "but the training weights may change by rounding at each sync)",
+                exc,
             )
             push_inplace(peft_model, llm_model, is_main)
             return True

@@ -37,7 +37,8 @@ def start():
             try:
                 sys.stderr.write(
                     "trl_compat: warning: %s=%r is not a recognised value (on: %s; off: %s or unset); assumed off\n"
-                    % (VARIABLE, raw, ", ".join(ON_VALUES), ", ".join(OFF_VALUES[:-1])))
+                    % (VARIABLE, raw, ", ".join(ON_VALUES), ", ".join(OFF_VALUES[:-1]))
+                )
             except Exception:  # noqa: BLE001 - no stderr: nothing to warn on
                 pass
         return
@@ -56,8 +57,8 @@ def activate():
     except Exception as err:  # noqa: BLE001 - a broken trl_compat must not stop the interpreter
         sys.stderr.write(
             "trl_compat: %s=%s is set, but %s could not import trl_compat (%s: %s); this process "
-            "runs without its fixes\n"
-            % (VARIABLE, os.environ.get(VARIABLE), sys.executable, err.__class__.__name__, err))
+            "runs without its fixes\n" % (VARIABLE, os.environ.get(VARIABLE), sys.executable, err.__class__.__name__, err)
+        )
         return
     trl_compat.activation.activate(trl_compat.activation.SWITCHED)
 

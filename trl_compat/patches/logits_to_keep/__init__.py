@@ -89,8 +89,10 @@ from trl_compat.patches.logits_to_keep.trl_call import NEXT, read_trl
 
 def probe(module):
     if NEXT in vars(module.GRPOTrainer):
-        return not_needed(f"GRPOTrainer calls the models from {NEXT} (TRL 0.20's code, on main from PR #3563), "
-                          "which needs a transformers whose causal LMs take logits_to_keep")
+        return not_needed(
+            f"GRPOTrainer calls the models from {NEXT} (TRL 0.20's code, on main from PR #3563), "
+            "which needs a transformers whose causal LMs take logits_to_keep"
+        )
     trl, why = read_trl(module)
     if trl is None:
         return undecided(why)
@@ -103,13 +105,18 @@ def probe(module):
         return needed(
             f"{where} passes {trl.passed}=K+1 but {tf}'s causal LMs take {takes} (as read from {REFERENCE_MODEL}; "
             "each model TRL calls is decided from its own class's forward): "
-            + ("full [B, L, V] logits are computed (TRL slices afterwards)" if trl.fallback else
-               "full logits come back and TRL, which has no fallback slice, takes log-probs from the wrong positions")
-            + "; the request is passed under the model's own name, decided per model")
+            + (
+                "full [B, L, V] logits are computed (TRL slices afterwards)"
+                if trl.fallback
+                else "full logits come back and TRL, which has no fallback slice, takes log-probs from the wrong positions"
+            )
+            + "; the request is passed under the model's own name, decided per model"
+        )
     if not trl.fallback:
         return needed(
             f"{where} passes {trl.passed}=K+1 and has no fallback slice: a model whose forward lacks {trl.passed} "
-            "gives wrong log-probs or a TypeError; decided per model (models that take it are left untouched)")
+            "gives wrong log-probs or a TypeError; decided per model (models that take it are left untouched)"
+        )
     return not_needed(f"{where} passes {trl.passed}=K+1, which {tf}'s causal LMs take, and slices the logits itself")
 
 

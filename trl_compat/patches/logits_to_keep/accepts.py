@@ -60,8 +60,7 @@ def accepts(model_cls: type) -> Optional[Accepts]:
     except (TypeError, ValueError):
         params = None
     if params is not None:
-        named = {p for p, v in params.items()
-                 if p in NAMES and v.kind in (v.POSITIONAL_OR_KEYWORD, v.KEYWORD_ONLY)}
+        named = {p for p, v in params.items() if p in NAMES and v.kind in (v.POSITIONAL_OR_KEYWORD, v.KEYWORD_ONLY)}
         for old, new in _aliases(forward).items():
             if old in NAMES and new in named:
                 named.add(old)

@@ -51,7 +51,7 @@ _wrapped: "weakref.WeakSet[Any]" = weakref.WeakSet()
 def _keep_last(logits, keep):
     """transformers' own slicing: int k keeps the last k (0 = all); a tensor picks positions."""
     if isinstance(keep, numbers.Integral):
-        return logits[:, -int(keep):, :] if keep > 0 else logits
+        return logits[:, -int(keep) :, :] if keep > 0 else logits
     return logits[:, keep, :]
 
 
@@ -100,8 +100,7 @@ class _KeepLogitsForward:
             return out
         logits = getattr(out, "logits", None)
         if logits is None or getattr(logits, "dim", lambda: 0)() != 3:
-            log.warning("trl_compat: %s: %s returned no 3-d `logits`; left as it is",
-                        PATCH_ID, type(module).__name__)
+            log.warning("trl_compat: %s: %s returned no 3-d `logits`; left as it is", PATCH_ID, type(module).__name__)
             return out
         out.logits = _keep_last(logits, keep)  # ModelOutput keeps attribute and key in step
         return out

@@ -43,10 +43,16 @@ def prepare_model(model: Any) -> Optional[str]:
         key = f"{type(inner).__module__}.{type(inner).__qualname__}"
         if _decisions.get(key) != action:
             _decisions[key] = action
-            log.log(logging.WARNING if action == UNKNOWN else logging.INFO,
-                    "trl_compat: %s: %s (forward takes %s%s; TRL passes %s): %s", PATCH_ID, type(inner).__name__,
-                    sorted(accepted.names) if accepted else "?", ", **kwargs" if accepted and accepted.var_kw else "",
-                    trl.passed, action)
+            log.log(
+                logging.WARNING if action == UNKNOWN else logging.INFO,
+                "trl_compat: %s: %s (forward takes %s%s; TRL passes %s): %s",
+                PATCH_ID,
+                type(inner).__name__,
+                sorted(accepted.names) if accepted else "?",
+                ", **kwargs" if accepted and accepted.var_kw else "",
+                trl.passed,
+                action,
+            )
     return action
 
 

@@ -47,8 +47,10 @@ def read_trl(module) -> Tuple[Optional[TrlCall], str]:
         return None, "GRPOTrainer has neither _get_per_token_logps nor a compute_loss with a nested get_per_token_logps"
     passed = set(_PASS_RE.findall(text))
     if len(passed) != 1:
-        return None, (f"GRPOTrainer.{caller} passes {sorted(passed) or 'neither logits_to_keep nor num_logits_to_keep'}"
-                      " as `<name>=<name> + 1`; expected exactly one")
+        return None, (
+            f"GRPOTrainer.{caller} passes {sorted(passed) or 'neither logits_to_keep nor num_logits_to_keep'}"
+            " as `<name>=<name> + 1`; expected exactly one"
+        )
     # 0.15+: the method that calls the models gets the model as an argument: wrap it. 0.14.0: the
     # caller is a function nested in compute_loss (which vllm-lora-names wraps too); wrap
     # _prepare_inputs instead, which transformers' training_step and prediction_step (and

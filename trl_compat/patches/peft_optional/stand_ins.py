@@ -31,12 +31,16 @@ def _unavailable_class(name: str) -> type:
         raise ImportError(_message(name), name="peft")
 
     # A class that is never instantiated: isinstance(x, it) is False for every x.
-    return _Unavailable(name, (), {
-        "__new__": __new__,
-        "__module__": __name__,
-        "__qualname__": f"unavailable.{name}",
-        "__doc__": f"Stand-in for peft.{name} while peft is not installed; nothing is an instance of it.",
-    })
+    return _Unavailable(
+        name,
+        (),
+        {
+            "__new__": __new__,
+            "__module__": __name__,
+            "__qualname__": f"unavailable.{name}",
+            "__doc__": f"Stand-in for peft.{name} while peft is not installed; nothing is an instance of it.",
+        },
+    )
 
 
 PeftModelUnavailable = _unavailable_class("PeftModel")

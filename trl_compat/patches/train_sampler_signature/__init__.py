@@ -56,15 +56,17 @@ from trl_compat.patches.train_sampler_signature.sampler import wrap
 def probe(module):
     cls = module.GRPOTrainer
     found = findings(module)
-    broken = [f"{where} passes {passed} positional argument(s), which {signature_text(cls, s)} cannot take"
-              for s, passed, takes, where in found if not takes]
+    broken = [
+        f"{where} passes {passed} positional argument(s), which {signature_text(cls, s)} cannot take"
+        for s, passed, takes, where in found
+        if not takes
+    ]
     if broken:
         return needed("; ".join(broken) + ": train() raises TypeError; the dataset argument is taken off")
     unknown = [f"{s}: {where}" for s, passed, _, where in found if passed is None]
     if unknown:
         return undecided("cannot tell how the installed code calls " + "; ".join(unknown))
-    ok = [f"{where} passes {passed} positional argument(s), which {signature_text(cls, s)} takes"
-          for s, passed, _, where in found]
+    ok = [f"{where} passes {passed} positional argument(s), which {signature_text(cls, s)} takes" for s, passed, _, where in found]
     return not_needed("; ".join(ok) or "GRPOTrainer has neither sampler method")
 
 

@@ -83,8 +83,12 @@ def _restore_hooks(model) -> None:
     try:
         utils.add_hooks(model)  # the module global: later patches of add_hooks apply
     except Exception as exc:  # noqa: BLE001 - never hide the caller's own exception
-        log.warning("trl_compat: %s: could not put the ZeRO-3 hooks back after an error in generation: %s: %s",
-                    PATCH_ID, type(exc).__name__, exc)
+        log.warning(
+            "trl_compat: %s: could not put the ZeRO-3 hooks back after an error in generation: %s: %s",
+            PATCH_ID,
+            type(exc).__name__,
+            exc,
+        )
 
 
 @functools.lru_cache(maxsize=None)
@@ -132,7 +136,9 @@ def wrap_unwrap(original):
         try:
             engine = find_engine(model, accelerator)
             no_engine_crash = (
-                engine is None and zero3.is_zero3(accelerator) and not hasattr(model, "optimizer")
+                engine is None
+                and zero3.is_zero3(accelerator)
+                and not hasattr(model, "optimizer")
                 and _unguarded(getattr(sys.modules.get("trl.models.utils"), "remove_hooks", None))
                 and gathers(model, accelerator, args, kwargs)
             )

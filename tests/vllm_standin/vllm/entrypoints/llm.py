@@ -94,9 +94,7 @@ class LLM:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         if not isinstance(model, (str, os.PathLike)) or not os.path.isdir(model):
-            raise ValueError(
-                f"vllm stand-in: `model` must be a local checkpoint directory (no Hub access), got {model!r}"
-            )
+            raise ValueError(f"vllm stand-in: `model` must be a local checkpoint directory (no Hub access), got {model!r}")
         if tensor_parallel_size != 1:
             raise NotImplementedError("vllm stand-in: tensor_parallel_size must be 1")
         if quantization is not None:
@@ -107,8 +105,13 @@ class LLM:
         self.model_path = os.fspath(model)
         self.engine_kwargs = dict(kwargs)
         self.init_kwargs = dict(
-            model=self.model_path, tokenizer=tokenizer, dtype=dtype, seed=seed,
-            gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager, **kwargs,
+            model=self.model_path,
+            tokenizer=tokenizer,
+            dtype=dtype,
+            seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager,
+            **kwargs,
         )
         self.device = kwargs.get("device", "auto")
         self.hf_config = AutoConfig.from_pretrained(self.model_path)
@@ -129,9 +132,14 @@ class LLM:
         # default, V1 (see vllm/engine/arg_utils.py). Generation runs this worker's model either way.
         self._worker = Worker(ModelRunner(packed), device=str(self.device))
         model_config = SimpleNamespace(hf_config=self.hf_config, dtype=self.dtype, max_model_len=self.max_model_len)
-        self.llm_engine = LLMEngine.from_engine_args(SimpleNamespace(
-            worker=self._worker, model_config=model_config, tokenizer=self.tokenizer,
-            distributed_executor_backend=kwargs.get("distributed_executor_backend")))
+        self.llm_engine = LLMEngine.from_engine_args(
+            SimpleNamespace(
+                worker=self._worker,
+                model_config=model_config,
+                tokenizer=self.tokenizer,
+                distributed_executor_backend=kwargs.get("distributed_executor_backend"),
+            )
+        )
 
         # Hugging Face twin used for generation; its weights are refreshed from the packed params.
         with torch.random.fork_rng(devices=[]):
@@ -297,8 +305,12 @@ class LLM:
             repetition_penalty=sp.repetition_penalty,
         )
         if not greedy:
-            gen_kwargs.update(temperature=sp.temperature, top_k=sp.top_k if sp.top_k > 0 else 0,
-                              top_p=sp.top_p, min_p=sp.min_p if sp.min_p > 0 else None)
+            gen_kwargs.update(
+                temperature=sp.temperature,
+                top_k=sp.top_k if sp.top_k > 0 else 0,
+                top_p=sp.top_p,
+                min_p=sp.min_p if sp.min_p > 0 else None,
+            )
         else:
             gen_kwargs.update(temperature=None, top_k=None, top_p=None)
         generation_config = GenerationConfig(**gen_kwargs)
@@ -315,7 +327,7 @@ class LLM:
         results = []
         for r, (text, ids, _) in enumerate(requests):
             completions = []
-            for index, row in enumerate(rows[r * sp.n:(r + 1) * sp.n]):
+            for index, row in enumerate(rows[r * sp.n : (r + 1) * sp.n]):
                 token_ids, finish_reason, stop_reason = row, "length", None
                 for pos, tok in enumerate(row):
                     if tok in stop_ids and pos + 1 >= sp.min_tokens:

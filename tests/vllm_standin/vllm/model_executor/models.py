@@ -165,11 +165,9 @@ class _PackedColumnLinear(nn.Module):
 class QKVParallelLinear(_PackedColumnLinear):
     shard_ids = ("q", "k", "v")
 
-    def __init__(self, hidden_size: int, head_size: int, num_heads: int, num_kv_heads: int, bias: bool,
-                 dtype: torch.dtype):
+    def __init__(self, hidden_size: int, head_size: int, num_heads: int, num_kv_heads: int, bias: bool, dtype: torch.dtype):
         self.head_size, self.num_heads, self.num_kv_heads = head_size, num_heads, num_kv_heads
-        super().__init__(hidden_size, [num_heads * head_size, num_kv_heads * head_size,
-                                       num_kv_heads * head_size], bias, dtype)
+        super().__init__(hidden_size, [num_heads * head_size, num_kv_heads * head_size, num_kv_heads * head_size], bias, dtype)
 
 
 class MergedColumnParallelLinear(_PackedColumnLinear):
@@ -181,8 +179,7 @@ def pad_vocab_size(vocab_size: int, pad_to: int = DEFAULT_VOCAB_PADDING_SIZE) ->
 
 
 class VocabParallelEmbedding(nn.Module):
-    def __init__(self, num_embeddings: int, embedding_dim: int, dtype: torch.dtype,
-                 padding_size: int = DEFAULT_VOCAB_PADDING_SIZE):
+    def __init__(self, num_embeddings: int, embedding_dim: int, dtype: torch.dtype, padding_size: int = DEFAULT_VOCAB_PADDING_SIZE):
         super().__init__()
         self.org_vocab_size = num_embeddings
         self.num_embeddings_padded = pad_vocab_size(num_embeddings, padding_size)
@@ -202,7 +199,7 @@ class VocabParallelEmbedding(nn.Module):
         assert loaded_weight.shape[output_dim] == self.org_vocab_size
         loaded_weight = loaded_weight.narrow(output_dim, start_idx, shard_size)
         param[: loaded_weight.shape[0]].data.copy_(loaded_weight)
-        param[loaded_weight.shape[0]:].data.fill_(0)
+        param[loaded_weight.shape[0] :].data.fill_(0)
 
 
 class ParallelLMHead(VocabParallelEmbedding):
@@ -245,8 +242,9 @@ class PPMissingLayer(nn.Identity):
 class AutoWeightsLoader:
     """vLLM 0.7.2 ``AutoWeightsLoader`` (logging left out)."""
 
-    def __init__(self, module: nn.Module, *, skip_prefixes: Optional[list[str]] = None,
-                 ignore_unexpected_prefixes: Optional[list[str]] = None) -> None:
+    def __init__(
+        self, module: nn.Module, *, skip_prefixes: Optional[list[str]] = None, ignore_unexpected_prefixes: Optional[list[str]] = None
+    ) -> None:
         self.module = module
         self.skip_prefixes = skip_prefixes or []
         self.ignore_unexpected_prefixes = ignore_unexpected_prefixes or []
@@ -277,9 +275,7 @@ class AutoWeightsLoader:
             if weight_name != "":
                 if self._can_ignore_unexpected(weight_qualname):
                     continue
-                raise ValueError(
-                    f"Attempted to load nested weight '{weight_qualname}' into a single parameter '{base_prefix}'"
-                )
+                raise ValueError(f"Attempted to load nested weight '{weight_qualname}' into a single parameter '{base_prefix}'")
             weight_loader = getattr(param, "weight_loader", default_weight_loader)
             weight_loader(param, weight_data)
             yield weight_qualname
@@ -629,6 +625,4 @@ def build_model(hf_config, dtype: torch.dtype = torch.float32) -> _ForCausalLM:
     for arch in archs:
         if arch in ARCHITECTURES:
             return ARCHITECTURES[arch](hf_config, dtype)
-    raise ValueError(
-        f"Model architectures {archs} are not supported for now. Supported architectures: {list(ARCHITECTURES)}"
-    )
+    raise ValueError(f"Model architectures {archs} are not supported for now. Supported architectures: {list(ARCHITECTURES)}")

@@ -49,8 +49,9 @@ class LLMEngine:
 
     @classmethod
     def from_engine_args(cls, engine_args: Any) -> "LLMEngine":
-        return cls(engine_args.worker, engine_args.model_config, engine_args.tokenizer,
-                   multiprocess_mode=envs.VLLM_ENABLE_V1_MULTIPROCESSING)
+        return cls(
+            engine_args.worker, engine_args.model_config, engine_args.tokenizer, multiprocess_mode=envs.VLLM_ENABLE_V1_MULTIPROCESSING
+        )
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer
