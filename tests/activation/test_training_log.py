@@ -21,7 +21,8 @@ from versions import installed
 from workers import SUPPORT
 
 SCRIPT = os.path.join(SUPPORT, "training_log_script.py")
-SITE_FILES = os.path.join(os.path.dirname(activation.__file__), "site_files")
+# the tree's copies: an installed wheel puts them at the site-packages root, not in the package
+SITE_FILES = os.path.join(os.path.dirname(__file__), "..", "..", "trl_compat", "activation", "site_files")
 BIN = os.path.dirname(sys.executable)
 TRL = installed("trl")
 LINE_START = f"trl_compat {trl_compat.__version__}: active fixes: "

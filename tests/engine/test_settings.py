@@ -108,9 +108,8 @@ SWITCH_BOOT = textwrap.dedent("""
 def test_the_switchs_start_up_module_warns_about_a_bad_value(tmp_path):
     import shutil
 
-    from trl_compat import activation
-
-    site_files = os.path.join(os.path.dirname(activation.__file__), "site_files")
+    # the tree's copies: an installed wheel puts them at the site-packages root, not in the package
+    site_files = os.path.join(os.path.dirname(__file__), "..", "..", "trl_compat", "activation", "site_files")
     for name in ("trl_compat.pth", "_trl_compat_auto.py"):
         shutil.copy(os.path.join(site_files, name), tmp_path / name)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRL_COMPAT_")}
