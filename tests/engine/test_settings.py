@@ -199,3 +199,24 @@ def test_help_is_plain_text():
     assert out.returncode == 0, out.stderr
     assert "``" not in out.stdout and ":mod:" not in out.stdout, out.stdout
     assert "python -m trl_compat [--json]" in out.stdout and "trl-compat run -- CMD [ARGS...]" in out.stdout
+
+
+# -- strict failures held back from TRL's lazy import ----------------------------------------------
+
+
+def test_only_failures_a_hold_kept_back_are_raised_later_and_each_once(monkeypatch, fake_pkg, make_patch):
+    """A trouble status left by a failure that was raised where it happened (or by a test's
+    fault injection) must not make a later trainer raise: only what a hold kept back is."""
+    from trl_compat._engine.patch import FAILED, TrlCompatError
+    from trl_compat._engine.state import REGISTRY
+    from trl_compat._helpers import training_log
+
+    monkeypatch.setenv("TRL_COMPAT_STRICT", "1")
+    patch = make_patch(fake_pkg)
+    with pytest.raises(TrlCompatError):
+        REGISTRY.set_status(patch, FAILED, "raised where it happened")
+    assert training_log.held_failures() == []
+    monkeypatch.setattr(settings, "_holds", [lambda: True])
+    REGISTRY.set_status(patch, FAILED, "held")
+    assert training_log.held_failures() == [f"{patch.id}: failed: held"]
+    assert training_log.held_failures() == []

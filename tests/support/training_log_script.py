@@ -6,8 +6,8 @@ tests/activation/test_training_log.py.
 ``--logging transformers``: transformers' own verbosity set to INFO (it configures the
 ``transformers`` logger only); ``basic``: ``logging.basicConfig()`` (a root handler, root at
 WARNING). Trains a tiny Qwen2 for 1 GRPO step (``tests/support/grpo_run.py``), then prints one
-line ``TLOG|{json}`` per rank: the applied patch ids and the ``trl_compat/*`` keys of the first
-logged metrics.
+line ``TLOG|{json}`` per rank (and writes it to ``OUT_DIR/tlog-rank<N>.json``): the applied
+patch ids and the ``trl_compat/*`` keys of the first logged metrics.
 """
 
 import argparse
@@ -48,6 +48,9 @@ def main():
 
         result["applied"] = trl_compat.applied()
     print("TLOG|" + json.dumps(result), flush=True)
+    # also as a file: two ranks printing at once can interleave their lines on a shared stdout
+    with open(os.path.join(args.out_dir, f"tlog-rank{rank}.json"), "w") as f:
+        json.dump(result, f)
 
     import torch.distributed as dist
 

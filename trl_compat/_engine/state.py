@@ -46,6 +46,7 @@ class Registry:
         self.lock = _thread.RLock()
         self._patches: Dict[str, Patch] = {}
         self._states: Dict[str, PatchState] = {}
+        self._held: List[str] = []  # strict-mode failures a hold kept from raising where they happened
 
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._patches))
@@ -103,10 +104,20 @@ class Registry:
         state.status, state.reason = status, reason
         if status in _TROUBLE:
             log.warning("trl_compat: %s: %s (%s); this patch is skipped", patch.id, status, reason)
-            if strict():
-                raise TrlCompatError(f"{patch.id}: {status}: {reason}")
+            if settings.switch(settings.STRICT):
+                failure = f"{patch.id}: {status}: {reason}"
+                if strict():
+                    raise TrlCompatError(failure)
+                self._held.append(failure)
         else:
             log.debug("trl_compat: %s: %s (%s)", patch.id, status, reason)
+
+    def take_held_failures(self) -> List[str]:
+        """The strict-mode failures held back since the last call (see ``settings.hold_strict_when``),
+        for whoever raises them later; each is handed out once."""
+        with self.lock:
+            held, self._held = self._held, []
+            return held
 
     def settled_summary(self) -> Optional[str]:
         """The one-line summary once no patch is pending (None while one is)."""

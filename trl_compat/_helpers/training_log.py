@@ -26,6 +26,7 @@ from typing import Optional
 from trl_compat._engine import settings
 from trl_compat._engine.patch import _TROUBLE, APPLIED, DISABLED, TrlCompatError
 from trl_compat._engine.reporting import report
+from trl_compat._engine.state import REGISTRY
 
 LOGGER_NAME = "trl_compat.training"
 METRIC_PREFIX = "trl_compat/applied/"
@@ -97,10 +98,10 @@ def inside_trl_lazy_import() -> bool:
 
 
 def held_failures() -> list:
-    """Under ``TRL_COMPAT_STRICT=1``: the patches in a status strict mode raises on."""
-    if not settings.switch(settings.STRICT):
-        return []
-    return [f"{r.id}: {r.status}: {r.reason}" for r in report() if r.status in _TROUBLE]
+    """Under ``TRL_COMPAT_STRICT=1``: the failures held back from TRL's lazy import, once each
+    (not every patch now in a trouble status: a status an earlier failure left, already raised
+    where it happened, is not raised again)."""
+    return REGISTRY.take_held_failures()
 
 
 def _is_grpo(args) -> bool:
