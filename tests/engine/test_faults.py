@@ -67,19 +67,31 @@ def applied_patch(request, monkeypatch):
         pytest.skip(f"{pid} is {trl_compat.status(pid)} in this cell")
     saved = testing.snapshot()
     stack = stacked_with(pid)
+    was_applied = trl_compat.applied()
     yield saved[pid]
     testing.restore(saved)
     trl_compat.revert(*stack)
     trl_compat.install(*stack)
-    assert {trl_compat.status(p) for p in stack} == {trl_compat.APPLIED}, trl_compat.report()
+    # a patch stacked on the broken one was taken off and put back on the broken code with it
+    # (and may say "target missing" now): every patch applied before is applied again
+    trl_compat.install(*was_applied)
+    assert {trl_compat.status(p) for p in was_applied} == {trl_compat.APPLIED}, trl_compat.report()
 
 
 def stacked_with(pid):
-    """``pid`` and the applied patches that wrap an attribute it wraps (vllm-merged-weights and
-    vllm-prefix-cache on TRL 0.15.0): a test that breaks the attribute under one of them takes
-    them all off, so that only ``pid`` is put to the test."""
-    mine = testing.touched(pid)
-    return [pid] + [p for p in trl_compat.applied() if p != pid and testing.touched(p) & mine]
+    """``pid`` and the applied patches stacked with it, directly or through another (their
+    declared ``changes`` overlap: vllm-merged-weights and vllm-prefix-cache on TRL 0.15.0): a
+    test that breaks the attribute under one of them takes them all off, so that only ``pid``
+    is put to the test."""
+    declared = {record.id: set(record.changes) for record in trl_compat.report()}
+    stack, grew = [pid], True
+    while grew:  # and those stacked with them: revert() takes them off and puts them back too
+        grew = False
+        for other in trl_compat.applied():
+            if other not in stack and any(declared[other] & declared[mine] for mine in stack):
+                stack.append(other)
+                grew = True
+    return stack
 
 
 def unpatched_snapshot(pid):
