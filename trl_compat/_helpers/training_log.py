@@ -19,6 +19,7 @@ take a place in it. The callback acts only for trainers built with a ``GRPOConfi
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from types import FrameType
 from typing import Optional
@@ -77,6 +78,16 @@ def announce(main_process: bool = True) -> bool:
     return True
 
 
+def _global_rank_zero() -> bool:
+    """Whether this is rank 0 of the launch. The trainer's own answer is not enough: on the CPU,
+    transformers 5 leaves a torchrun launch's ranks undistributed (``parallel_mode`` is not
+    DISTRIBUTED) and every rank calls itself the world's main process."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return os.environ.get("RANK", "0") == "0"
+
+
 def applied_metrics() -> dict:
     """``{"trl_compat/applied/<id>": 1}`` per applied patch: numbers, which every integration logs
     (TensorBoard's drops strings, with a warning)."""
@@ -126,7 +137,7 @@ def callback_class() -> type:
                 failures = held_failures()
                 if failures:
                     raise TrlCompatError("TRL_COMPAT_STRICT=1: " + "; ".join(failures))
-                announce(main_process=state.is_world_process_zero)
+                announce(main_process=state.is_world_process_zero and _global_rank_zero())
 
             def on_log(self, args, state, control, logs=None, **kwargs):
                 if self.metrics_logged or logs is None or "loss" not in logs or not _is_grpo(args):
