@@ -6,13 +6,13 @@ what an applied patch changed. Not for use outside tests."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from trl_compat._engine.lifecycle import unregister
 from trl_compat._engine.patch import Patch
 from trl_compat._engine.state import REGISTRY
 
-__all__ = ["changed_owners", "forced", "forget", "restore", "snapshot", "touched"]
+__all__ = ["changed_owners", "forced", "forget", "restore", "snapshot"]
 
 
 def snapshot() -> Dict[str, Patch]:
@@ -54,11 +54,6 @@ def forget(patch_id: str) -> None:
     """Drop the patch's declaration and state but leave what it changed in place: what a
     reloaded copy of trl_compat finds."""
     REGISTRY.forget(patch_id)
-
-
-def touched(patch_id: str) -> FrozenSet[Tuple[int, str]]:
-    """``(id(owner), name)`` of each attribute the patch changed when last applied."""
-    return REGISTRY.state(patch_id).touched
 
 
 def changed_owners() -> List[Any]:

@@ -48,7 +48,9 @@ from trl_compat._engine.patch import (
 )
 from trl_compat._engine.patcher import MARKER, AlreadyPatched, Patcher, UndeclaredChange, markers, raw_attribute
 from trl_compat._engine.reporting import applied, report, status
-from trl_compat._engine.state import register, registry, strict, switched_on
+from trl_compat._engine.settings import strict
+from trl_compat._engine.settings import switch as switched_on
+from trl_compat._engine.state import register, registry
 from trl_compat._engine.versions import affected, dist_version, gate
 
 __all__ = [

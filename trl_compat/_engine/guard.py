@@ -16,7 +16,7 @@ itself; such a patch says "load-bearing: errors propagate" in its docstring. Und
 from __future__ import annotations
 
 from trl_compat._engine import logs
-from trl_compat._engine.state import strict
+from trl_compat._engine.settings import strict
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

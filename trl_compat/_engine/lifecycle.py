@@ -7,7 +7,7 @@ reads and sets is :data:`.state.REGISTRY`'s."""
 
 from __future__ import annotations
 
-from trl_compat._engine import hooks, logs
+from trl_compat._engine import hooks, logs, settings
 from trl_compat._engine.patch import (
     APPLIED,
     CONFLICT,
@@ -21,7 +21,7 @@ from trl_compat._engine.patch import (
     SourceUnavailable,
 )
 from trl_compat._engine.patcher import AlreadyPatched, Patcher
-from trl_compat._engine.state import REGISTRY, _disabled_ids, switched_on
+from trl_compat._engine.state import REGISTRY
 from trl_compat._engine.targets import declared, foreign_owner, resolve, stacking_order
 from trl_compat._engine.versions import gate
 
@@ -42,7 +42,7 @@ def install(*ids: str) -> None:
     Patches that change the same attribute always stack in registration order:
     an applied patch that belongs above one applied again here comes off first
     and goes back on after it."""
-    disabled = _disabled_ids()
+    disabled = settings.disabled_ids(REGISTRY)
     to_hook = []
     with REGISTRY.lock:
         selected = REGISTRY.select(ids)
@@ -124,7 +124,7 @@ def _probe_and_apply(patch: Patch, module: ModuleType) -> None:
     if not verdict.needed:
         set_status(patch, NOT_NEEDED, verdict.reason)
         return
-    if patch.opt_in and not switched_on(patch.opt_in):
+    if patch.opt_in and not settings.switch(patch.opt_in):
         log.info("trl_compat: %s: %s; opt-in: set %s=1 to apply the fix", patch.id, verdict.reason, patch.opt_in)
         set_status(patch, DISABLED, f"opt-in, off: {verdict.reason}; set {patch.opt_in}=1 to apply the fix")
         return
@@ -141,7 +141,7 @@ def _probe_and_apply(patch: Patch, module: ModuleType) -> None:
         patcher.undo()
         set_status(patch, FAILED, f"apply raised {type(exc).__name__}: {exc}; changes rolled back")
         return
-    state.patcher, state.touched, state.changed = patcher, patcher.touched(), patcher.changed()
+    state.patcher, state.changed = patcher, patcher.changed()
     set_status(patch, APPLIED, verdict.reason)
 
 

@@ -107,9 +107,6 @@ class Patcher:
         """Run ``undo`` when the patch is reverted or rolled back (state that is no attribute)."""
         self._changes.append((None, None, undo, None))
 
-    def touched(self) -> frozenset:
-        return frozenset((id(owner), name) for owner, name, _, _ in self._changes if owner is not None)
-
     def owners(self) -> List[Any]:
         """The modules and classes whose attributes this patch set."""
         return list({id(o): o for o, _, _, _ in self._changes if o is not None}.values())

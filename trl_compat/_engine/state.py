@@ -24,7 +24,7 @@ log = logs.getLogger(__name__)
 class PatchState:
     """What the engine knows of one patch now."""
 
-    __slots__ = ("status", "reason", "versions", "generation", "patcher", "module", "touched", "changed")
+    __slots__ = ("status", "reason", "versions", "generation", "patcher", "module", "changed")
 
     def __init__(self) -> None:
         self.status, self.reason = PENDING, ""
@@ -32,7 +32,6 @@ class PatchState:
         self.generation = 0  # bumped by revert(): hooks from older generations do nothing
         self.patcher: Optional[Patcher] = None  # the Patcher of the applied patch
         self.module: Optional[ModuleType] = None  # the trigger module, once imported
-        self.touched: frozenset = frozenset()  # (id(owner), name) it changed when last applied; kept after revert
         self.changed: List[str] = []  # the same, as dotted names, for the report
 
 
@@ -106,7 +105,7 @@ class Registry:
             log.warning("trl_compat: %s: %s (%s); this patch is skipped", patch.id, status, reason)
             if settings.switch(settings.STRICT):
                 failure = f"{patch.id}: {status}: {reason}"
-                if strict():
+                if settings.strict():
                     raise TrlCompatError(failure)
                 self._held.append(failure)
         else:
@@ -146,18 +145,3 @@ def register(patch: Patch) -> None:
 
 def registry() -> List[Patch]:
     return REGISTRY.patches()
-
-
-# -- configuration --------------------------------------------------------------
-
-
-def strict() -> bool:
-    return settings.strict()
-
-
-def switched_on(variable: str) -> bool:
-    return settings.switch(variable)
-
-
-def _disabled_ids() -> set:
-    return settings.disabled_ids(REGISTRY)
