@@ -50,6 +50,12 @@ def _v(versions, dist):
     return V(raw) if raw else None
 
 
+def _fixed_in(v, release, main_line):
+    """Before the release that shipped a fix, or a main-branch build of the line it landed in
+    (a fix cherry-picked into a patch release lands on main one line later: 0.27.1 and 0.28.0.dev0)."""
+    return v < V(release) or (v.is_devrelease and v < V(main_line))
+
+
 KNOWN = {
     # bug present (per research/trl-bugs.md and issue 8) for these releases and installed versions
     "peft-optional": lambda v, vs: _v(vs, "peft") is None and v < V("0.16.0"),
@@ -67,7 +73,8 @@ KNOWN = {
     "vllm-prompt-special-tokens": lambda v, vs: _v(vs, "vllm") is not None and v == V("0.19.0"),
     "vllm-double-bos": lambda v, vs: _v(vs, "vllm") is not None and V("0.14.0") <= v < V("0.24.0"),
     # issue 13: FSDP1-only sync (PR #3687); in-process sync vs vLLM's V1 default (0.8) until V0's removal (0.11)
-    "fsdp2-vllm-sync": lambda v, vs: _v(vs, "vllm") is not None and V("0.18.0") <= v < V("0.20.0"),
+    # and, from PR #3687 (0.20.0), the FSDP2 sync's PEFT names until PR #4603 (0.26.0)
+    "fsdp2-vllm-sync": lambda v, vs: _v(vs, "vllm") is not None and V("0.18.0") <= v < V("0.26.0"),
     "vllm-v1-engine": lambda v, vs: V("0.14.0") <= v < V("0.16.0") and V("0.8.0") <= (_v(vs, "vllm") or V("0")) < V("0.11.0"),
     # research/further-bugs.md S4, S5, C1, C3, C4, C5, C8 (issue 14)
     "logps-attention-mask": lambda v, vs: v == V("0.14.0"),
@@ -82,6 +89,23 @@ KNOWN = {
     "transformers5-import": lambda v, vs: V("0.14.0") <= v < V("0.29.0") and _v(vs, "transformers") >= V("5.0.0"),
     "transformers5-use-cache": lambda v, vs: V("0.14.0") <= v < V("0.20.0") and _v(vs, "transformers") >= V("5.0.0"),
     "transformers5-warnings-issued": lambda v, vs: V("0.14.0") <= v < V("0.28.0") and _v(vs, "transformers") >= V("5.0.0"),
+    # research/bugs-0.20-plus.md (issues 22 and 23): TRL 0.20 - 0.29.1
+    "generation-config-model-defaults": lambda v, vs: (
+        _fixed_in(v, "0.26.2", "0.27.0") and V("4.50.0") <= _v(vs, "transformers") < V("5.0.0")
+    ),
+    "vllm-is-raw-logprobs": lambda v, vs: _v(vs, "vllm") is not None and V("0.23.0") <= v < V("0.24.0"),
+    "vllm-sleep-mode-weights": lambda v, vs: _v(vs, "vllm") is not None and v >= V("0.25.0"),
+    "scale-rewards-swapped": lambda v, vs: V("0.22.0") <= v and _fixed_in(v, "0.22.2", "0.23.0"),
+    "prompt-right-truncation": lambda v, vs: V("0.24.0") <= v < V("0.26.0"),
+    "tool-loop-retokenization": lambda v, vs: V("0.26.0") <= v and _fixed_in(v, "0.29.1", "1.0.0"),
+    "vllm-guided-decoding-import": lambda v, vs: V("0.16.0") <= v < V("0.27.0") and (_v(vs, "vllm") or V("0")) >= V("0.12.0"),
+    "tools-empty-list-server": lambda v, vs: V("0.26.0") <= v and _fixed_in(v, "0.26.1", "0.27.0"),
+    "eval-before-train-ga": lambda v, vs: V("0.22.0") <= v and _fixed_in(v, "0.27.1", "0.28.0"),
+    "vllm-serve-get-open-port": lambda v, vs: V("0.17.0") <= v < V("0.28.0") and (_v(vs, "vllm") or V("0")) >= V("0.14.0"),
+    "entropy-mask-gather-hang": lambda v, vs: V("0.21.0") <= v and _fixed_in(v, "0.23.1", "0.24.0"),
+    "qlora-peftmodel-frozen": lambda v, vs: V("0.22.0") <= v and _fixed_in(v, "0.23.1", "0.24.0"),
+    "zero3-peft-mixed-dtype": lambda v, vs: _v(vs, "peft") is not None and (_v(vs, "deepspeed") or V("0")) >= V("0.19.2"),
+    "tools-colocate-llm-attr": lambda v, vs: V("0.28.0") <= v and _fixed_in(v, "0.29.1", "1.0.0"),
 }
 
 # Main-branch commits (reporting X.dev0) around the windows' bounds, with what research found in their
