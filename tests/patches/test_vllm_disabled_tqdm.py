@@ -1,7 +1,7 @@
 """vllm-disabled-tqdm gives advice, no fix: on TRL < 0.26 with vLLM < 0.11.1 and
-huggingface_hub >= 1.1 it says "undecided" and names the upgrade; elsewhere "not needed".
+huggingface_hub 1.1 - 1.9 it says "undecided" and names the upgrade; elsewhere "not needed".
 No cell installs that stack (the vLLM stand-in cells have huggingface_hub 0.36.2, the
-huggingface_hub 2.x cells no vLLM), so the versions are given to the gate."""
+huggingface_hub 2.x cells no vLLM and are past the window), so the versions are given to the gate."""
 
 import trl_compat
 
@@ -28,6 +28,8 @@ def test_the_broken_stack_is_in_the_window_and_the_probe_names_the_upgrade(monke
         {"vllm": "0.11.1"},  # vLLM's fix
         {"huggingface_hub": "0.36.2"},  # what transformers 4.x pins
         {"huggingface_hub": "1.0.1"},  # before snapshot_download passed disable=
+        {"huggingface_hub": "1.10.0"},  # passes disable= only to its own tqdm classes
+        {"huggingface_hub": "2.4.0"},
         {"trl": "0.26.0"},  # TRL's own shim
         {"vllm": None},
     ],

@@ -473,17 +473,22 @@ PATCHES = [
     # "vllm" comes right after "trl" in requires: without vLLM the gate then says "vllm is not installed".
     Patch(
         id="vllm-disabled-tqdm",
-        summary="advice only: vLLM < 0.11.1 with huggingface_hub >= 1.1 cannot download a model; upgrade vLLM",
+        summary="advice only: vLLM < 0.11.1 with huggingface_hub 1.1 - 1.9 cannot download a model; upgrade vLLM",
         symptom="TypeError: ...__init__() got multiple values for keyword argument 'disable' (vLLM's DisabledTqdm, loading a model)",
         upstream="https://github.com/vllm-project/vllm/pull/28471 (fixed in vLLM 0.11.1; TRL shims it from 0.26.0, commit ca21dd94c)",
         trigger="trl.import_utils",
         must_exist="is_vllm_available",
         changes=("vllm.model_executor.model_loader.weight_utils:DisabledTqdm",),
-        requires={"trl": affected("0.14.0", "0.26.0"), "vllm": affected("0.1.0", "0.11.1"), "huggingface_hub": affected("1.1.0")},
+        requires={
+            "trl": affected("0.14.0", "0.26.0"),
+            "vllm": affected("0.1.0", "0.11.1"),
+            # 1.10.0 passes disable= only to huggingface_hub's own tqdm classes, never to vLLM's
+            "huggingface_hub": affected("1.1.0", "1.10.0"),
+        },
         witnesses={
             "trl": {"inside": ["0.14.0", "0.20.0", "0.25.1", "0.26.0.dev0"], "outside": ["0.26.0"]},
             "vllm": {"inside": ["0.1.0", "0.10.2", "0.11.0", "0.11.1.dev0"], "outside": ["0.11.1", "0.12.0"]},
-            "huggingface_hub": {"inside": ["1.1.0", "2.4.0"], "outside": ["0.36.2", "1.0.1"]},
+            "huggingface_hub": {"inside": ["1.1.0", "1.9.2"], "outside": ["0.36.2", "1.0.1", "1.10.0", "2.4.0"]},
         },
         impl="trl_compat.patches.vllm_disabled_tqdm",
         remove_when="trl_compat no longer supports TRL < 0.26",
