@@ -10,17 +10,14 @@ import pytest
 from advice import in_window, probe, run_through_engine
 from versions import installed
 
-transformers = pytest.importorskip("transformers")
-
 PATCH_ID = "peft-transformers5-hybrid-cache"
 BROKEN = {"trl": "0.24.0", "transformers": "5.2.0", "peft": "0.17.1"}
 
 
 @pytest.fixture
 def without_hybrid_cache(monkeypatch):
-    import transformers.cache_utils
-
-    monkeypatch.delattr(transformers.cache_utils, "HybridCache", raising=False)
+    cache_utils = pytest.importorskip("transformers.cache_utils")
+    monkeypatch.delattr(cache_utils, "HybridCache", raising=False)
 
 
 def test_the_broken_stack_is_in_the_window(monkeypatch):
@@ -35,6 +32,7 @@ def test_the_probe_names_the_upgrade_where_hybrid_cache_is_gone(monkeypatch, wit
 
 @pytest.mark.every_cell
 def test_the_probe_on_this_cells_transformers(monkeypatch):
+    pytest.importorskip("transformers")
     verdict = probe(monkeypatch, PATCH_ID, BROKEN)
     if installed("transformers").major >= 5:
         assert verdict.needed is None and "HybridCache" in verdict.reason

@@ -10,8 +10,6 @@ import pytest
 from advice import in_window, probe, run_through_engine
 from versions import installed
 
-transformers = pytest.importorskip("transformers")
-
 PATCH_ID = "vllm-tokenizer-transformers5"
 BROKEN = {"trl": "0.24.0", "vllm": "0.10.2", "transformers": "5.2.0"}
 
@@ -20,19 +18,28 @@ class TokenizerWithoutExtended:
     """transformers 5's PreTrainedTokenizerBase as far as the probe looks."""
 
 
+@pytest.fixture
+def transformers():
+    return pytest.importorskip("transformers")
+
+
+@pytest.fixture
+def without_extended(monkeypatch, transformers):
+    monkeypatch.setattr(transformers, "PreTrainedTokenizerBase", TokenizerWithoutExtended)
+
+
 def test_the_broken_stack_is_in_the_window(monkeypatch):
     assert in_window(monkeypatch, PATCH_ID, BROKEN) == (True, "")
 
 
-def test_the_probe_names_the_upgrade_where_the_property_is_gone(monkeypatch):
-    monkeypatch.setattr(transformers, "PreTrainedTokenizerBase", TokenizerWithoutExtended)
+def test_the_probe_names_the_upgrade_where_the_property_is_gone(monkeypatch, without_extended):
     verdict = probe(monkeypatch, PATCH_ID, BROKEN)
     assert verdict.needed is None
     assert "upgrade vllm to 0.12.0 or newer" in verdict.reason and "vllm 0.10.2, transformers 5.2.0" in verdict.reason
 
 
 @pytest.mark.every_cell
-def test_the_probe_on_this_cells_transformers(monkeypatch):
+def test_the_probe_on_this_cells_transformers(monkeypatch, transformers):
     verdict = probe(monkeypatch, PATCH_ID, BROKEN)
     if installed("transformers").major >= 5:
         assert verdict.needed is None and "all_special_tokens_extended" in verdict.reason
@@ -50,8 +57,7 @@ def test_without_vllm_the_gate_says_so(monkeypatch):
     assert in_window(monkeypatch, PATCH_ID, {**BROKEN, "vllm": None}) == (False, "vllm is not installed")
 
 
-def test_a_strict_run_stops_with_the_upgrade(monkeypatch, tmp_path):
-    monkeypatch.setattr(transformers, "PreTrainedTokenizerBase", TokenizerWithoutExtended)
+def test_a_strict_run_stops_with_the_upgrade(monkeypatch, tmp_path, without_extended):
     status, reason = run_through_engine(monkeypatch, tmp_path, PATCH_ID, BROKEN)
     assert status == trl_compat.UNDECIDED and "upgrade vllm to 0.12.0" in reason
     with pytest.raises(trl_compat.TrlCompatError, match="undecided: .*upgrade vllm to 0.12.0"):
