@@ -69,3 +69,17 @@ def test_apply_refuses():
 
     with pytest.raises(NotImplementedError, match="only advises"):
         vllm_tokenizer_transformers5.apply(None, None)
+
+
+@pytest.mark.every_cell
+def test_the_attribute_vllm_reads_by_the_real_tokenizer_of_this_cell(transformers):
+    """The transformers half of the break, by value: vLLM < 0.12's get_cached_tokenizer reads
+    tokenizer.all_special_tokens_extended, which a transformers-5 tokenizer no longer has."""
+    from tiny import make_tokenizer
+
+    tokenizer = make_tokenizer()
+    if installed("transformers").major >= 5:
+        with pytest.raises(AttributeError, match="all_special_tokens_extended"):
+            tokenizer.all_special_tokens_extended
+    else:
+        assert tokenizer.eos_token in tokenizer.all_special_tokens_extended

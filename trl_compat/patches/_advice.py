@@ -8,6 +8,8 @@ run at ``import trl`` with the same message, before hours of set-up end in the c
 ``apply`` refuses: the engine never calls it on "undecided", and it must not fix anything if it
 ever were. Each entry's ``changes`` names the attribute a real fix would change, so that a later
 fix stacks where the entry says.
+
+Remove this patch when the last advice-only entry is removed (this module is their shared part).
 """
 
 from __future__ import annotations
