@@ -10,6 +10,9 @@ The bug
     (``trl/_compat.py: _patch_transformers_hybrid_cache``, PRs #4798/#4820), which reached peft
     only with PR #4844 (0.28.0): TRL 0.14.0 - 0.27.x meet it on transformers 5 with peft < 0.18.
     The window's peft floor is the oldest peft any TRL of trl_compat's range accepts (0.8.0).
+    Run on transformers 5.23.0 with peft 0.17.1 (CPU, a throwaway venv): ``import peft`` fails;
+    so do ``from trl import GRPOTrainer`` on TRL 0.19.1 and ``import peft`` after ``import trl``
+    on TRL 0.27.2; after ``import trl`` 0.28.0, peft 0.17.1 imports; peft 0.18.0 imports alone.
 
 How the probe decides
     The gate finds TRL, transformers and peft in their windows. transformers builds that still
