@@ -466,6 +466,67 @@ PATCHES = [
         impl="trl_compat.patches.fsdp2_vllm_sync",
         remove_when="TRL 0.18.x and 0.19.x are no longer supported",
     ),
+    # Known breaks with newer (or older) vLLM / transformers / peft that an upgrade ends and no fix
+    # here could be proved on the CPU (branch `advice`): the probe says "undecided" with the upgrade
+    # to make, so the report names it and TRL_COMPAT_STRICT=1 stops at `import trl`. Their apply
+    # never runs; `changes` names what the upstream shim changes, which no other entry declares.
+    # "vllm" comes right after "trl" in requires: without vLLM the gate then says "vllm is not installed".
+    Patch(
+        id="vllm-disabled-tqdm",
+        summary="advice only: vLLM < 0.11.1 with huggingface_hub 1.1 - 1.9 cannot download a model; upgrade vLLM",
+        symptom="TypeError: ...__init__() got multiple values for keyword argument 'disable' (vLLM's DisabledTqdm, loading a model)",
+        upstream="https://github.com/vllm-project/vllm/pull/28471 (fixed in vLLM 0.11.1; TRL shims it from 0.26.0, commit ca21dd94c)",
+        trigger="trl.import_utils",
+        must_exist="is_vllm_available",
+        changes=("vllm.model_executor.model_loader.weight_utils:DisabledTqdm",),
+        requires={
+            "trl": affected("0.14.0", "0.26.0"),
+            "vllm": affected("0.1.0", "0.11.1"),
+            # 1.10.0 passes disable= only to huggingface_hub's own tqdm classes, never to vLLM's
+            "huggingface_hub": affected("1.1.0", "1.10.0"),
+        },
+        witnesses={
+            "trl": {"inside": ["0.14.0", "0.20.0", "0.25.1", "0.26.0.dev0"], "outside": ["0.26.0"]},
+            "vllm": {"inside": ["0.1.0", "0.10.2", "0.11.0", "0.11.1.dev0"], "outside": ["0.11.1", "0.12.0"]},
+            "huggingface_hub": {"inside": ["1.1.0", "1.9.2"], "outside": ["0.36.2", "1.0.1", "1.10.0", "2.4.0"]},
+        },
+        impl="trl_compat.patches.vllm_disabled_tqdm",
+        remove_when="trl_compat no longer supports TRL < 0.26",
+    ),
+    Patch(
+        id="vllm-tokenizer-transformers5",
+        summary="advice only: vLLM < 0.12 on transformers 5 cannot load the tokenizer; upgrade vLLM",
+        symptom="AttributeError: ... has no attribute 'all_special_tokens_extended' (vLLM's get_cached_tokenizer)",
+        upstream="https://github.com/vllm-project/vllm/pull/29686 (fixed in vLLM 0.12.0; TRL shims it from 0.26.0, commit ca21dd94c)",
+        trigger="trl.import_utils",
+        must_exist="is_vllm_available",
+        changes=("vllm.transformers_utils.tokenizer:get_cached_tokenizer",),
+        requires={"trl": affected("0.14.0", "0.26.0"), "vllm": affected("0.1.0", "0.12.0"), "transformers": affected("5.0.0")},
+        witnesses={
+            "trl": {"inside": ["0.14.0", "0.20.0", "0.25.1", "0.26.0.dev0"], "outside": ["0.26.0"]},
+            "vllm": {"inside": ["0.1.0", "0.10.2", "0.11.2", "0.12.0.dev0"], "outside": ["0.12.0", "0.14.0"]},
+            "transformers": {"inside": ["5.0.0", "5.23.0"], "outside": ["4.57.6"]},
+        },
+        impl="trl_compat.patches.vllm_tokenizer_transformers5",
+        remove_when="trl_compat no longer supports TRL < 0.26",
+    ),
+    Patch(
+        id="peft-transformers5-hybrid-cache",
+        summary="advice only: peft < 0.18 cannot be imported on transformers 5, nor GRPOTrainer with it; upgrade peft",
+        symptom="ImportError: cannot import name 'HybridCache' from 'transformers'",
+        upstream="https://github.com/huggingface/peft/pull/2735 (fixed in peft 0.18.0; TRL shims it from 0.28.0, PR #4844)",
+        trigger="trl.import_utils",
+        must_exist="_LazyModule",
+        changes=("transformers:HybridCache", "transformers.cache_utils:HybridCache"),
+        requires={"trl": affected("0.14.0", "0.28.0"), "transformers": affected("5.0.0"), "peft": affected("0.8.0", "0.18.0")},
+        witnesses={
+            "trl": {"inside": ["0.14.0", "0.19.1", "0.27.2", "0.28.0.dev0"], "outside": ["0.28.0"]},
+            "transformers": {"inside": ["5.0.0", "5.23.0"], "outside": ["4.57.6"]},
+            "peft": {"inside": ["0.8.0", "0.17.1", "0.18.0.dev0"], "outside": ["0.18.0", "0.21.2"]},
+        },
+        impl="trl_compat.patches.peft_transformers5_hybrid_cache",
+        remove_when="trl_compat no longer supports TRL < 0.28 on transformers 5",
+    ),
 ]
 
 

@@ -1,0 +1,36 @@
+"""What the advice-only entries share: known breaks between a pinned TRL and a newer (or older)
+vLLM / transformers / peft that trl_compat does not patch, because no small fix can be proved
+on the CPU, and that an upgrade of one package ends for good.
+
+Their probe says "undecided" with the upgrade to make (the gate has already found every
+package inside its window), so the report names the break and ``TRL_COMPAT_STRICT=1`` stops the
+run at ``import trl`` with the same message, before hours of set-up end in the crash. Their
+``apply`` refuses: the engine never calls it on "undecided", and it must not fix anything if it
+ever were. Each entry's ``changes`` names the attribute a real fix would change, so that a later
+fix stacks where the entry says.
+
+Remove this patch when the last advice-only entry is removed (this module is their shared part).
+"""
+
+from __future__ import annotations
+
+from trl_compat._engine import undecided, versions
+
+
+def installed(*dists: str) -> str:
+    """``"vllm 0.10.2, huggingface_hub 1.2.0"``: the installed versions, read from metadata."""
+    return ", ".join(f"{dist} {versions.dist_version(dist) or 'not installed'}" for dist in dists)
+
+
+def advise(what_breaks: str, dists: tuple, upgrade: str):
+    """The "undecided" verdict: what breaks on the installed versions, then what to upgrade."""
+    return undecided(f"{what_breaks} ({installed(*dists)}); {upgrade}")
+
+
+def refusing_apply(patch_id: str):
+    """An ``apply`` for an entry that advises and never patches."""
+
+    def apply(module, patcher):
+        raise NotImplementedError(f"{patch_id} only advises an upgrade: it has no fix to apply")
+
+    return apply
