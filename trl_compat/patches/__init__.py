@@ -466,6 +466,27 @@ PATCHES = [
         impl="trl_compat.patches.fsdp2_vllm_sync",
         remove_when="TRL 0.18.x and 0.19.x are no longer supported",
     ),
+    # branch tools: prompt truncation (0.24 - 0.25) and the tool-calling loop (0.26 - 0.29.0).
+    # prompt-right-truncation wraps __init__ after every older __init__ patch: it acts once TRL's
+    # __init__ has set the processing class, and no window of theirs meets its own.
+    Patch(
+        id="prompt-right-truncation",
+        summary="passed tokenizer: truncate prompts longer than max_prompt_length on the left (keep their end), as TRL "
+        "does for one it loads",
+        symptom="silent: prompts over max_prompt_length lose their END (question tail, generation header); no error",
+        upstream=(
+            "none in TRL (Unsloth patches it); PR #4153 (0.24.0) moved truncation to the tokenizer, PR #4300 removed it in 0.26.0"
+        ),
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
+        changes=("GRPOTrainer.__init__",),
+        requires={"trl": affected("0.24.0", "0.26.0")},
+        # 0.24.0.dev0 builds before 0e57b4a9d truncate on the left themselves, 0.26.0.dev0 builds
+        # from ca21dd94c not at all: the probe tells them apart.
+        witnesses={"trl": {"inside": ["0.24.0.dev0", "0.24.0", "0.25.1", "0.26.0.dev0"], "outside": ["0.23.1", "0.26.0"]}},
+        impl="trl_compat.patches.prompt_right_truncation",
+        remove_when="TRL 0.24.x and 0.25.x are no longer supported",
+    ),
 ]
 
 
