@@ -14,6 +14,7 @@
 """
 
 import importlib
+import re
 import uuid
 
 import pytest
@@ -35,7 +36,11 @@ TF5 = TRANSFORMERS is not None and TRANSFORMERS >= Version("5.0.0.dev0")
 needs_trl = pytest.mark.skipif(TRL is None, reason="trl is not installed")
 loop_on_tf4 = pytest.mark.skipif(not LOOP or TF5, reason=f"TRL {TRL} x transformers {TRANSFORMERS}: not a tool loop on transformers 4")
 loop_on_tf5 = pytest.mark.skipif(
-    not LOOP or not TF5, reason=f"TRL {TRL} x transformers {TRANSFORMERS}: tools run on transformers >= 5"
+    not LOOP or not TF5,
+    reason=f"TRL {TRL} x transformers {TRANSFORMERS}: the re-tokenising tool loop: 0.26.0 - 0.29.0, transformers 5",
+)
+fixed_on_tf5 = pytest.mark.skipif(
+    TRL is None or TRL < Version("0.29.1") or not TF5, reason=f"TRL {TRL} x transformers {TRANSFORMERS}: not a fixed tool loop"
 )
 
 
@@ -187,13 +192,14 @@ def _byte_ids(tokenizer, text):
     return ids
 
 
-@loop_on_tf5
-def test_bug_tool_loop_scores_retokenised_ids_and_crashes(tmp_path):
+def _tool_step(tmp_path):
+    """One GRPO step whose model "samples" the tool call byte by byte, then the answer. Returns what
+    _tool_call_loop got and gave back, the stubbed generate calls, the ids, and the error raised."""
+    import inspect
+
     import torch
-    import trl.trainer.grpo_trainer  # noqa: F401 - the trigger module
     from datasets import Dataset
 
-    assert trl_compat.status(PID) == trl_compat.UNDECIDED and "0.29.1" in trl_compat.report()
     tokenizer = _bpe_tokenizer()
     sampled = _byte_ids(tokenizer, TOOL_CALL) + [tokenizer.eos_token_id]
     assert tokenizer.decode(sampled) == TOOL_CALL + "<|im_end|>"
@@ -202,10 +208,10 @@ def test_bug_tool_loop_scores_retokenised_ids_and_crashes(tmp_path):
     answer = tokenizer("The answer is 3.", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": q}] for q in QUESTIONS]})
-    trainer = _trainer(tmp_path, tokenizer, dataset, max_completion_length=64)
+    trainer = _trainer(tmp_path, tokenizer, dataset, max_completion_length=96)
     calls = []
 
-    def generate(*args, **kwargs):  # the model "samples" the tool call, then the answer
+    def generate(*args, **kwargs):
         input_ids = kwargs["input_ids"]
         completion = torch.tensor(sampled if not calls else answer, device=input_ids.device)
         calls.append(input_ids.size(0))
@@ -213,16 +219,31 @@ def test_bug_tool_loop_scores_retokenised_ids_and_crashes(tmp_path):
 
     trainer.model.generate = generate
     loop, seen = trainer._tool_call_loop, {}
+    signature = inspect.signature(loop)
 
     def tool_call_loop(*args, **kwargs):
-        seen["sampled"] = [list(ids) for ids in kwargs.get("completion_ids", args[2] if len(args) > 2 else [])]
+        seen["sampled"] = [list(ids) for ids in signature.bind(*args, **kwargs).arguments["completion_ids"]]
         out = loop(*args, **kwargs)
         seen["tool_mask"], seen["completion_ids"] = out[0], out[2]
         return out
 
     trainer._tool_call_loop = tool_call_loop
-    with pytest.raises(RuntimeError, match=r"The size of tensor a \(\d+\) must match the size of tensor b \(\d+\)"):
+    try:
         trainer.train()
+        error = None
+    except RuntimeError as exc:
+        error = exc
+    return seen, calls, sampled, reencoded, answer, error
+
+
+@loop_on_tf5
+def test_bug_tool_loop_scores_retokenised_ids_and_crashes(tmp_path):
+    import trl.trainer.grpo_trainer  # noqa: F401 - the trigger module
+
+    record = {r.id: r for r in trl_compat.report()}[PID]
+    assert record.status == trl_compat.UNDECIDED and "TRL >= 0.29.1" in record.reason, record
+    seen, calls, sampled, reencoded, answer, error = _tool_step(tmp_path)
+    assert error is not None and re.search(r"The size of tensor a \(\d+\) must match the size of tensor b \(\d+\)", str(error))
     assert calls == [4, 4]  # the tool was called for every completion, then generation went on
     assert seen["sampled"] == [sampled] * 4
     for ids, mask in zip(seen["completion_ids"], seen["tool_mask"]):
@@ -230,5 +251,16 @@ def test_bug_tool_loop_scores_retokenised_ids_and_crashes(tmp_path):
         assert ids[: len(reencoded)] == reencoded and ids[: len(sampled)] != sampled
         assert ids[-len(answer) :] == answer
         # crash: tool_mask kept the sampled length, so it outgrows the re-tokenised completion
-        assert len(mask) > len(ids)
-        assert len(mask) == len(sampled) + len(answer)
+        assert len(mask) == len(sampled) + len(answer) > len(ids)
+
+
+@fixed_on_tf5
+def test_fixed_release_scores_the_sampled_ids(tmp_path):
+    import trl.trainer.grpo_trainer  # noqa: F401 - the trigger module
+
+    assert trl_compat.status(PID) == trl_compat.NOT_NEEDED
+    seen, calls, sampled, reencoded, answer, error = _tool_step(tmp_path)
+    assert error is None and calls == [4, 4]
+    for ids, mask in zip(seen["completion_ids"], seen["tool_mask"]):
+        assert ids[: len(sampled)] == sampled and ids[-len(answer) :] == answer
+        assert len(mask) == len(ids) and mask[: len(sampled)] == [1] * len(sampled)
