@@ -9,6 +9,8 @@
   16 ids: the question's tail and the ``<|start_header_id|>assistant<|end_header_id|>`` generation
   header are cut. With it: its LAST 16 ids, ending with the generation header. A tokenizer the user
   already set to ``truncation_side="left"`` shows that the passed tokenizer's side is what decides.
+* The same run around the window (0.20 - 0.23, 0.26+ cells), "not needed": 0.20 - 0.23 keep the last
+  16 ids themselves, 0.26+ keep the whole prompt.
 """
 
 import importlib
@@ -30,6 +32,9 @@ TRL = installed("trl")
 IN_WINDOW = TRL is not None and Version("0.24.0") <= TRL < Version("0.26.0")
 in_window = pytest.mark.skipif(not IN_WINDOW, reason=f"TRL {TRL}: the tokenizer truncates prompts only in 0.24.0 - 0.25.1")
 needs_trl = pytest.mark.skipif(TRL is None, reason="trl is not installed")
+around_window = pytest.mark.skipif(
+    TRL is None or IN_WINDOW or TRL < Version("0.20.0"), reason=f"TRL {TRL}: the runs around the window cover the 0.2x releases"
+)
 
 MAX_PROMPT_LENGTH = 16
 WORDS = 20  # + BOS, 3 user header ids, EOT, 3 generation header ids = 28 ids
@@ -79,7 +84,8 @@ def _run(tmp_path, tokenizer):
     model_generate = trainer.model.generate
 
     def generate(*args, **kwargs):
-        for row, mask in zip(kwargs["input_ids"], kwargs["attention_mask"]):
+        input_ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]  # 0.20 - 0.23 pass it by position
+        for row, mask in zip(input_ids, kwargs["attention_mask"]):
             generated.add(tuple(row[mask.bool()].tolist()))
         return model_generate(*args, **kwargs)
 
@@ -133,6 +139,22 @@ def test_tokenizer_side_decides_a_left_tokenizer_needs_no_fix(tmp_path, unpatche
         _, generated, scored = _run(tmp_path, tokenizer)
     last = _expected(tokenizer, "last")
     assert generated <= last and scored <= last
+
+
+@around_window
+def test_releases_around_the_window_keep_the_prompt_end(tmp_path):
+    """Why "not needed" there: 0.20 - 0.23 keep the last max_prompt_length ids themselves, 0.26+ truncate nothing."""
+    import trl.trainer.grpo_trainer  # noqa: F401 - the trigger module
+
+    assert trl_compat.status(PID) == trl_compat.NOT_NEEDED
+    tokenizer = _tokenizer()
+    _, generated, scored = _run(tmp_path, tokenizer)
+    if TRL < Version("0.24.0"):
+        expected = _expected(tokenizer, "last")
+    else:
+        expected = {tuple(_full_ids(tokenizer, prompt)) for prompt in _prompts()}  # whole prompts: 28 ids
+    assert generated <= expected and scored <= expected, (generated, scored)
+    assert all(list(ids[-3:]) == _header(tokenizer) for ids in generated)
 
 
 def test_truncate_left_sets_tokenizer_and_processor_tokenizer():
