@@ -175,6 +175,7 @@ def test_the_grpo_trainer_init_patches_stack_in_registry_order():
         "peft-gradient-checkpointing",
         "reward-model-zero3",
         "vllm-v1-engine",
+        "prompt-right-truncation",
     ]
     assert derived == declaring
     assert [pid for pid in (p.id for p in engine.registry()) if pid in derived] == derived

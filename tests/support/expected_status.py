@@ -100,7 +100,8 @@ APPLIED = {
     "trl0.20.0-tf4.53.3": set(),
     "trl0.22.1-tf4.55.4": set(),
     "trl0.22.2-tf4.55.4": set(),
-    "trl0.24.0-tf4.57.1": set(),
+    # TRL 0.24 - 0.25 truncate prompts with the tokenizer, on the side of the one passed
+    "trl0.24.0-tf4.57.1": {"prompt-right-truncation"},
     "trl0.26.0-tf4.57.3": set(),
     "trl0.26.2-tf4.57.3": set(),
     "trl0.28.0-tf4.57.6": set(),

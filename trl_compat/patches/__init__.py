@@ -527,6 +527,54 @@ PATCHES = [
         impl="trl_compat.patches.peft_transformers5_hybrid_cache",
         remove_when="trl_compat no longer supports TRL < 0.28 on transformers 5",
     ),
+    # branch tools: prompt truncation (0.24 - 0.25) and the tool-calling loop (0.26 - 0.29.0).
+    # prompt-right-truncation wraps __init__ after every older __init__ patch: it acts once TRL's
+    # __init__ has set the processing class, and no window of theirs meets its own.
+    Patch(
+        id="prompt-right-truncation",
+        summary="passed tokenizer: truncate prompts longer than max_prompt_length on the left (keep their end), as TRL "
+        "does for one it loads",
+        symptom="silent: prompts over max_prompt_length lose their END (question tail, generation header); no error",
+        upstream=(
+            "none in TRL (Unsloth patches it); PR #4153 (0.24.0) moved truncation to the tokenizer, PR #4300 removed it in 0.26.0"
+        ),
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
+        changes=("GRPOTrainer.__init__",),
+        requires={"trl": affected("0.24.0", "0.26.0")},
+        # 0.24.0.dev0 builds before 0e57b4a9d truncate on the left themselves, 0.26.0.dev0 builds
+        # from ca21dd94c not at all: the probe tells them apart.
+        witnesses={"trl": {"inside": ["0.24.0.dev0", "0.24.0", "0.25.1", "0.26.0.dev0"], "outside": ["0.23.1", "0.26.0"]}},
+        impl="trl_compat.patches.prompt_right_truncation",
+        remove_when="TRL 0.24.x and 0.25.x are no longer supported",
+    ),
+    # Reports "undecided" where reached and never applies: the fix is TRL's own series (0.29.1).
+    Patch(
+        id="tool-loop-retokenization",
+        summary="not fixed in place (always undecided): tools=[...] on TRL 0.26.0 - 0.29.0 need the token-in/token-out "
+        "series of TRL 0.29.1; the report says so",
+        symptom=(
+            "silent: with tools, the loss scores re-tokenised ids never sampled (or RuntimeError: The size of tensor a "
+            "(...) must match the size of tensor b (...) at non-singleton dimension 1)"
+        ),
+        upstream=(
+            "https://github.com/huggingface/trl/issues/5224 and #5144 (fixed in 0.29.1 by PRs #5225-#5242; "
+            "crash-only PRs #5145, #5247 closed unmerged)"
+        ),
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
+        # what an in-place fix would change; apply() refuses: the probe never says "needed"
+        changes=("GRPOTrainer._tool_call_loop",),
+        # tools need transformers >= 5 in these releases. Main was 1.0.0.dev0 from 0.29.0 to the fix
+        # (ebdfe826f): the window runs to 1.0.0, and the probe finds the fix in 0.29.1.
+        requires={"trl": affected("0.26.0", "1.0.0"), "transformers": affected("5.0.0")},
+        witnesses={
+            "trl": {"inside": ["0.26.0.dev0", "0.26.0", "0.28.0", "0.29.0", "0.29.1", "1.0.0.dev0"], "outside": ["0.25.1", "1.0.0"]},
+            "transformers": {"inside": ["5.0.0.dev0", "5.0.0", "5.2.0"], "outside": ["4.57.6"]},
+        },
+        impl="trl_compat.patches.tool_loop_retokenization",
+        remove_when="TRL 0.26.0 - 0.29.0 are no longer supported",
+    ),
 ]
 
 
