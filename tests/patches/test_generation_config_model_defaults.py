@@ -126,6 +126,13 @@ def test_probe_reads_use_model_defaults_from_the_installed_generate(monkeypatch)
 # -- real GRPO runs -------------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def _trigger():
+    """Import the trigger module first, so the status is decided before a test reads it."""
+    if TRL is not None:
+        import trl.trainer.grpo_trainer  # noqa: F401
+
+
 class _Spy:
     """What generate really used: ``_prepare_generation_config``'s config and the warpers built."""
 
