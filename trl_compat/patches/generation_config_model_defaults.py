@@ -92,7 +92,9 @@ def _generate_takes_use_model_defaults() -> bool:
 
 def probe(module):
     if not _generate_takes_use_model_defaults():
-        return not_needed("transformers' generate has no use_model_defaults: it does not fill TRL's generation config from the model's")
+        return not_needed(
+            "transformers' generate has no use_model_defaults: it does not fill TRL's generation config from the model's"
+        )
     methods = _sampling_methods(module.GRPOTrainer)
     if not methods:
         return undecided(f"no GRPOTrainer method calls {GENERATE_CALL}..., {TRL_CONFIG}) the way this patch expects")
