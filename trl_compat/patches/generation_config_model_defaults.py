@@ -12,11 +12,11 @@ own ``generation_config`` value. Without vLLM (the default) GRPOTrainer samples 
 ``unwrapped_model.generate(..., generation_config=self.generation_config)``: TRL's
 ``temperature=1.0`` and ``top_p=1.0`` equal the defaults, so a Qwen3 checkpoint samples at
 T=0.6 / top-p 0.95 (a Qwen-VL one at T=1e-6: identical completions, zero reward std), while TRL
-computes the log-probs, the ratio and the KL at its own settings. Only one transformers warning
+computes the log-probs, the ratio and the KL at its own settings (0.16+). Only one transformers warning
 line ("`generation_config` default values have been modified to match model-specific
 defaults") says so. TRL 0.14 - 0.15 leave ``top_p``/``top_k`` unset (0.16 - 0.19 default
 ``top_k=50``), so those too come from the model; a TRL value that differs from the global default
-(0.14 - 0.19's ``temperature=0.9``, 0.20+'s ``top_k=None``) is kept. transformers 5 fixed it
+(0.14 - 0.17's default ``temperature=0.9``, 0.20+'s ``top_k=None``) is kept. transformers 5 fixed it
 (#42702: only fields the caller left unset are filled, and ``use_model_defaults`` is gone).
 
 Affected: every TRL from 0.14.0 to 0.26.1 (and 0.27.0.dev0 builds before 8918c9836) on
