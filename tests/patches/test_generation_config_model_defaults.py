@@ -162,12 +162,13 @@ def _run(tmp_path, monkeypatch, **config):
 
     path = tiny.save_tiny_with_generation_defaults(tmp_path / "checkpoint", **MODEL_DEFAULTS)
     trainer = grpo_run.make_trainer(tmp_path, model=path, steps=1, **config)
-    assert trainer.model.generation_config.temperature == MODEL_DEFAULTS["temperature"]
+    model = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
+    assert model.generation_config.temperature == MODEL_DEFAULTS["temperature"]
     spy = _Spy(monkeypatch)
     trainer.train()
     assert spy.configs and len(spy.configs) == len(spy.warpers), "TRL never called generate"
     # the model's own generation_config (what save_pretrained writes) is left as it was
-    assert {k: getattr(trainer.model.generation_config, k) for k in MODEL_DEFAULTS} == MODEL_DEFAULTS
+    assert {k: getattr(model.generation_config, k) for k in MODEL_DEFAULTS} == MODEL_DEFAULTS
     trl = {field: getattr(trainer.generation_config, field, None) for field in SAMPLING_FIELDS}
     return trl, spy
 
@@ -186,9 +187,13 @@ def test_without_the_patch_generate_samples_at_the_models_defaults(tmp_path, mon
 
 
 @needs_bug
-def test_with_the_patch_generate_samples_with_trls_settings(tmp_path, monkeypatch):
+@pytest.mark.parametrize("peft", [False, True], ids=["full", "lora"])
+def test_with_the_patch_generate_samples_with_trls_settings(tmp_path, monkeypatch, peft):
+    if peft and installed("peft") is None:
+        pytest.skip("peft is not installed")
     assert trl_compat.status(PID) == trl_compat.APPLIED
-    trl, spy = _run(tmp_path, monkeypatch, temperature=1.0, top_p=1.0)
+    # under LoRA, PeftModel.generate calls the base model's generate: TRL's frame is further up
+    trl, spy = _run(tmp_path, monkeypatch, peft=peft, temperature=1.0, top_p=1.0)
     for used, warpers in zip(spy.configs, spy.warpers):
         assert used == trl, (used, trl)
         assert used["temperature"] == 1.0 and used["top_p"] == 1.0
