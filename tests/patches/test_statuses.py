@@ -27,6 +27,7 @@ BY_ID = {patch.id: patch for patch in PATCHES}
 # Where a patch applies, its reason names what the probe found in the real code.
 APPLIED_REASONS = {
     "fsdp2-vllm-sync": ["only syncs FSDP1", "generations change"],
+    "generation-config-model-defaults": ["calls generate(generation_config=self.generation_config) without use_model_defaults"],
     "grpo-eval-0.14": ["calls inputs.get(...)", "'list' object has no attribute 'get'"],
     "logps-attention-mask": ["without attention_mask"],
     "peft-optional": ["get_peft_model in GRPOTrainer.__init__"],

@@ -21,6 +21,7 @@ APPLIED = {
     },
     "trl0.14.0-tf4.52.4": {
         "dataloader-workers",
+        "generation-config-model-defaults",
         "grpo-eval-0.14",
         "logits-to-keep",
         "logps-attention-mask",
@@ -69,6 +70,7 @@ APPLIED = {
     # the vLLM stand-in as vLLM 0.8.5 here (V1 by default): vllm-v1-engine
     "trl0.15.2-tf4.52.4": {
         "dataloader-workers",
+        "generation-config-model-defaults",
         "pad-token",
         "peft-gradient-checkpointing",
         "reward-model-zero3",
@@ -80,29 +82,43 @@ APPLIED = {
         "zero3-hooks-api",
         "zero3-unwrap",
     },
-    "trl0.16.1-tf4.50.3": {"dataloader-workers", "pad-token", "resume-buffered-inputs", "reward-model-zero3"},
+    "trl0.16.1-tf4.50.3": {
+        "dataloader-workers",
+        "generation-config-model-defaults",
+        "pad-token",
+        "resume-buffered-inputs",
+        "reward-model-zero3",
+    },
     "trl0.16.1-tf4.52.4": {
         "dataloader-workers",
+        "generation-config-model-defaults",
         "pad-token",
         "resume-buffered-inputs",
         "reward-model-zero3",
         "train-sampler-signature",
     },
     "trl0.17.0-tf4.46.3": {"dataloader-workers", "logits-to-keep"},
-    "trl0.17.0-tf4.52.4": {"dataloader-workers"},
-    "trl0.18.2-tf4.52.4": {"fsdp2-vllm-sync", "vllm-double-bos", "vllm-prompt-truncation"},
-    "trl0.19.0-tf4.52.4": {"fsdp2-vllm-sync", "logits-to-keep", "vllm-double-bos", "vllm-prompt-special-tokens"},
+    "trl0.17.0-tf4.52.4": {"dataloader-workers", "generation-config-model-defaults"},
+    "trl0.18.2-tf4.52.4": {"fsdp2-vllm-sync", "generation-config-model-defaults", "vllm-double-bos", "vllm-prompt-truncation"},
+    "trl0.19.0-tf4.52.4": {
+        "fsdp2-vllm-sync",
+        "generation-config-model-defaults",
+        "logits-to-keep",
+        "vllm-double-bos",
+        "vllm-prompt-special-tokens",
+    },
     # no vLLM in the 0.19.1 cells: fsdp2-vllm-sync (like every vLLM patch) says "not needed: vllm is not installed"
-    "trl0.19.1-tf4.53.3": {"logits-to-keep"},
+    "trl0.19.1-tf4.53.3": {"generation-config-model-defaults", "logits-to-keep"},
     "trl0.19.1-tf5.23.0": {"logits-to-keep", "transformers5-import", "transformers5-use-cache", "transformers5-warnings-issued"},
     # TRL 0.20 -> 0.29.1 with the transformers 4.x of their day, no vLLM (the stand-in emulates vLLM
     # 0.7-0.9, not the 0.10+ APIs these releases import), deepspeed in trl0.24.0 only: every patch ends before 0.20
-    "trl0.20.0-tf4.53.3": set(),
-    "trl0.22.1-tf4.55.4": set(),
-    "trl0.22.2-tf4.55.4": set(),
+    # but generation-config-model-defaults (TRL < 0.26.2 on transformers 4.50 - 4.57)
+    "trl0.20.0-tf4.53.3": {"generation-config-model-defaults"},
+    "trl0.22.1-tf4.55.4": {"generation-config-model-defaults"},
+    "trl0.22.2-tf4.55.4": {"generation-config-model-defaults"},
     # TRL 0.24 - 0.25 truncate prompts with the tokenizer, on the side of the one passed
-    "trl0.24.0-tf4.57.1": {"prompt-right-truncation"},
-    "trl0.26.0-tf4.57.3": set(),
+    "trl0.24.0-tf4.57.1": {"generation-config-model-defaults", "prompt-right-truncation"},
+    "trl0.26.0-tf4.57.3": {"generation-config-model-defaults"},
     "trl0.26.2-tf4.57.3": set(),
     "trl0.28.0-tf4.57.6": set(),
     "trl0.29.1-tf4.57.6": set(),
@@ -111,6 +127,7 @@ APPLIED = {
     # one report per TRL release swapped in
     "vllm-cpu-real-trl0.15.2": {
         "dataloader-workers",
+        "generation-config-model-defaults",
         "pad-token",
         "peft-gradient-checkpointing",
         "vllm-double-bos",
@@ -119,6 +136,7 @@ APPLIED = {
     },
     "vllm-cpu-real-trl0.14.0": {
         "dataloader-workers",
+        "generation-config-model-defaults",
         "grpo-eval-0.14",
         "logits-to-keep",
         "logps-attention-mask",
@@ -130,6 +148,7 @@ APPLIED = {
     },
     "vllm-cpu-real-trl0.15.0": {
         "dataloader-workers",
+        "generation-config-model-defaults",
         "pad-token",
         "peft-gradient-checkpointing",
         "vllm-double-bos",
@@ -137,8 +156,8 @@ APPLIED = {
         "vllm-prefix-cache",
         "vllm-prompt-truncation",
     },
-    "vllm-cpu-real-trl0.18.2": {"fsdp2-vllm-sync", "vllm-double-bos", "vllm-prompt-truncation"},
-    "vllm-cpu-real-trl0.19.1": {"fsdp2-vllm-sync", "logits-to-keep", "vllm-double-bos"},
+    "vllm-cpu-real-trl0.18.2": {"fsdp2-vllm-sync", "generation-config-model-defaults", "vllm-double-bos", "vllm-prompt-truncation"},
+    "vllm-cpu-real-trl0.19.1": {"fsdp2-vllm-sync", "generation-config-model-defaults", "logits-to-keep", "vllm-double-bos"},
 }
 
 # Opt-in patches (Patch.opt_in) whose bug the probe finds in the cell: "disabled" unless switched on.

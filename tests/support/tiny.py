@@ -249,3 +249,14 @@ def save_tiny_reward(path: str | os.PathLike, seed: int = 1) -> str:
     tokenizer = make_tokenizer()
     tokenizer.pad_token = REWARD_PAD
     return save_tiny(path, model=make_reward_model(seed), tokenizer=tokenizer)
+
+
+def save_tiny_with_generation_defaults(path: str | os.PathLike, arch: str = "qwen2", **generation: Any) -> str:
+    """``make_model(arch)`` whose ``generation_config`` holds ``generation`` (e.g. ``temperature=0.05,
+    top_p=0.5, top_k=3``, with ``do_sample=True`` so the config validates), saved with the tokenizer to
+    ``path``, as a checkpoint's ``generation_config.json`` would be (``transformers_version``: the
+    running one); returns ``str(path)``."""
+    model = make_model(arch)
+    for key, value in {"do_sample": True, **generation}.items():
+        setattr(model.generation_config, key, value)
+    return save_tiny(path, model=model)

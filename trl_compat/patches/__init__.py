@@ -575,6 +575,33 @@ PATCHES = [
         impl="trl_compat.patches.tool_loop_retokenization",
         remove_when="TRL 0.26.0 - 0.29.0 are no longer supported",
     ),
+    # generation defaults (branch genconfig): wraps transformers' GenerationMixin.generate, which no
+    # other patch changes; it only adds use_model_defaults=False to TRL's own sampling call
+    Patch(
+        id="generation-config-model-defaults",
+        summary="no vLLM, transformers 4.50-4.57: TRL's sampling call gets use_model_defaults=False, so generate "
+        "samples with TRL's temperature/top_p/top_k, not the model's generation_config defaults",
+        symptom=(
+            "silent: completions sampled at the model's generation_config temperature/top_p/top_k wherever TRL's "
+            "value equals the global default (temperature=1.0, top_p=1.0), log-probs and KL at TRL's; near-greedy "
+            "samples, zero reward std"
+        ),
+        upstream=(
+            "https://github.com/huggingface/transformers/issues/42762 (transformers#36684, 4.50; fixed in 5.0 by "
+            "#42702); fixed in TRL by https://github.com/huggingface/trl/pull/4647 (0.26.2, 0.27.0)"
+        ),
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
+        changes=("transformers.generation.utils:GenerationMixin.generate",),
+        # trl: 0.26.2 holds the fix (the probe finds it); 0.27.0.dev0 builds before 8918c9836 do not.
+        requires={"trl": affected("0.14.0", "0.27.0"), "transformers": affected("4.50.0", "5.0.0")},
+        witnesses={
+            "trl": {"inside": ["0.14.0", "0.17.0", "0.24.0", "0.26.1", "0.26.2", "0.27.0.dev0"], "outside": ["0.27.0", "0.29.1"]},
+            "transformers": {"inside": ["4.50.0", "4.52.4", "4.57.6", "5.0.0.dev0"], "outside": ["4.49.0", "5.0.0"]},
+        },
+        impl="trl_compat.patches.generation_config_model_defaults",
+        remove_when="trl_compat no longer supports TRL < 0.26.2 on transformers 4.50 - 4.57",
+    ),
 ]
 
 
