@@ -23,7 +23,7 @@ GRPO_MODULE = "trl.trainer.grpo_trainer"
 # against them (matrix/SWEEP.md). GRPOTrainer appeared in 0.14.0. `python -m trl_compat` says when
 # the installed TRL lies outside.
 OLDEST_KNOWN_TRL = "0.14.0"
-NEWEST_KNOWN_TRL = "0.19.1"
+NEWEST_KNOWN_TRL = "0.29.1"
 
 # The transformers-5 patches' shared window: TRL releases trl_compat supports (< 0.20, and the
 # 0.20.0.dev0 builds that still carry 0.19's code) on transformers 5. Each has its own probe.
