@@ -145,7 +145,7 @@ def test_headline_inside_the_known_releases():
         ("0.13.0", True, "older", "it has no GRPOTrainer"),
         ("0.16.0", False, "older", "it has no GRPOTrainer"),  # a build without the module
         ("1.16.0", True, "newer", f"is newer than the newest release trl_compat knows ({NEWEST_KNOWN_TRL})"),
-        ("0.19.2.dev0", True, "newer", "is newer than the newest release"),
+        ("0.29.2.dev0", True, "newer", "is newer than the newest release"),
         (None, False, "not installed", "trl is not installed: no patch applies"),
     ],
 )
