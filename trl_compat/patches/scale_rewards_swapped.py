@@ -68,7 +68,7 @@ def probe(module):
         return not_needed('"group" and "none" compute the group std and only "none" skips the division (fixed code)')
     swapped = [needle in generate for needle in _SWAPPED]
     if not any(swapped):
-        if '"group"' not in generate and '"batch"' not in generate:
+        if "self.scale_rewards in [" not in generate and "self.scale_rewards ==" not in generate:
             return not_needed("scale_rewards has no group/batch/none labels here (boolean scale_rewards)")
         return undecided(f"GRPOTrainer.{GENERATE} reads scale_rewards labels in an unknown way")
     if not all(swapped):
