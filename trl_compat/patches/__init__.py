@@ -502,15 +502,15 @@ PATCHES = [
     ),
     Patch(
         id="qlora-peftmodel-frozen",
-        summary="a 4/8-bit PeftModel passed without peft_config: skip the k-bit preparation that froze its adapters",
+        summary="a 4/8-bit PeftModel passed without peft_config: skip the k-bit preparation that froze its adapters (and crashed 0.22)",
         symptom=(
-            "RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn "
-            "(or, with gradient checkpointing, nothing trains)"
+            "ValueError: 'generation_batch_size' and 'steps_per_generation' can not be both configured at the same time "
+            "(0.22.x; 0.23.0: element 0 of tensors does not require grad and does not have a grad_fn)"
         ),
         upstream="https://github.com/huggingface/trl/pull/4081 (fixed in 0.23.1; SFT twin issue #3926)",
         trigger=GRPO_MODULE,
         must_exist="prepare_peft_model",
-        changes=("trl.models.utils:prepare_model_for_kbit_training",),
+        changes=("prepare_peft_model", "trl.models.utils:prepare_peft_model"),
         # introduced by PR #3882 (0.22.0.dev0); main fixed it in 7e2075347 (0.24.0.dev0), 0.23.1 by the probe.
         requires={"trl": affected("0.22.0", "0.24.0"), "peft": ">=0.0.dev0"},
         witnesses={"trl": {"inside": ["0.22.0", "0.22.1", "0.23.0", "0.23.1", "0.24.0.dev0"], "outside": ["0.21.0", "0.24.0"]}},
