@@ -46,9 +46,10 @@ def _trigger():
 def _trainer(tmp_path, **overrides):
     import os
 
+    from trl import GRPOTrainer
+
     import grpo_run
     import tiny
-    from trl import GRPOTrainer
 
     config = dict(loss_type="grpo", gradient_accumulation_steps=GA)
     config.update(overrides)

@@ -42,8 +42,9 @@ def _trigger():
 
 
 def fake_4bit_peft_model():
-    import tiny
     from peft import LoraConfig, get_peft_model
+
+    import tiny
 
     model = tiny.make_model("qwen2")
     model.is_loaded_in_4bit = True

@@ -26,10 +26,13 @@ BY_ID = {patch.id: patch for patch in PATCHES}
 
 # Where a patch applies, its reason names what the probe found in the real code.
 APPLIED_REASONS = {
+    "eval-before-train-ga": ["divides the loss by self.current_gradient_accumulation_steps"],
     "fsdp2-vllm-sync": ["only syncs FSDP1", "generations change"],
     "grpo-eval-0.14": ["calls inputs.get(...)", "'list' object has no attribute 'get'"],
     "logps-attention-mask": ["without attention_mask"],
     "peft-optional": ["get_peft_model in GRPOTrainer.__init__"],
+    "qlora-peftmodel-frozen": ["freezes every parameter including the LoRA adapters"],
+    "scale-rewards-swapped": ["scale_rewards labels are swapped"],
     "train-sampler-signature": [
         "sampler_fn(dataset) passes 1 positional argument(s)",
         "GRPOTrainer._get_train_sampler(self) cannot take",

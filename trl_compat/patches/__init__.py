@@ -486,9 +486,7 @@ PATCHES = [
         id="eval-before-train-ga",
         summary="evaluate() / eval_on_start before train(): the eval loss uses normaliser 1, as TRL 0.27.1 does",
         symptom="AttributeError: 'GRPOTrainer' object has no attribute 'current_gradient_accumulation_steps'",
-        upstream=(
-            "https://github.com/huggingface/trl/issues/4010 (also #4669, #4850; fixed by PR #4852 in 0.27.1)"
-        ),
+        upstream="https://github.com/huggingface/trl/issues/4010 (also #4669, #4850; fixed by PR #4852 in 0.27.1)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",  # compute_loss is TRL's in every affected release; the class is what must exist
         changes=("GRPOTrainer.compute_loss",),
@@ -502,7 +500,7 @@ PATCHES = [
     ),
     Patch(
         id="qlora-peftmodel-frozen",
-        summary="a 4/8-bit PeftModel passed without peft_config: skip the k-bit preparation that froze its adapters (and crashed 0.22)",
+        summary="a 4/8-bit PeftModel given without peft_config: skip the k-bit preparation that froze its adapters (crashed 0.22)",
         symptom=(
             "ValueError: 'generation_batch_size' and 'steps_per_generation' can not be both configured at the same time "
             "(0.22.x; 0.23.0: element 0 of tensors does not require grad and does not have a grad_fn)"

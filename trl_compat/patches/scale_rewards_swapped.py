@@ -77,7 +77,7 @@ def probe(module):
         return undecided("GRPOTrainer.__init__ does not set self.scale_rewards: nothing to relabel")
     return needed(
         'scale_rewards labels are swapped: "group" (the default) leaves advantages unscaled, "none" divides '
-        'them by the group std; the label TRL reads is relabelled so each value does what its name says '
+        "them by the group std; the label TRL reads is relabelled so each value does what its name says "
         '("batch" cannot be corrected: use TRL 0.22.2)'
     )
 
