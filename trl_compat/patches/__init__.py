@@ -466,7 +466,7 @@ PATCHES = [
         impl="trl_compat.patches.fsdp2_vllm_sync",
         remove_when="TRL 0.18.x and 0.19.x are no longer supported",
     ),
-    # TRL 0.22 - 0.27 (branch trl022). scale-rewards-swapped's GRPOTrainer.__init__ wrapper only relabels,
+    # TRL 0.22 - 0.27 (branch trl022). scale-rewards-swapped (last: the outermost __init__ wrapper) only relabels,
     # after TRL's __init__, an attribute no other patch touches; no other __init__ patch applies on TRL 0.22.
     Patch(
         id="scale-rewards-swapped",
