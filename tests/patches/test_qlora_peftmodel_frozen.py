@@ -3,11 +3,12 @@
 No bitsandbytes on the CPU: a tiny model gets ``is_loaded_in_4bit = True`` by hand (as TRL's own
 test of PR #4081 does), then ``get_peft_model`` with LoRA on q/v.
 
-* Without the patch (TRL 0.22.x): ``GRPOTrainer(model=<that PeftModel>)`` raises ``ValueError:
-  'generation_batch_size' and 'steps_per_generation' can not be both configured at the same time``
-  (the k-bit branch rebuilds the GRPOConfig); and TRL's ``prepare_peft_model`` itself, called with
-  plain ``TrainingArguments``, returns the model with no parameter requiring grad (the adapters
-  frozen: TRL 0.23.0's symptom).
+* Without the patch (TRL 0.22.x, and without qlora-config-rebuild): ``GRPOTrainer(model=<that
+  PeftModel>)`` raises ``ValueError: 'generation_batch_size' and 'steps_per_generation' can not be
+  both configured at the same time`` (the k-bit branch rebuilds the GRPOConfig). Without this patch
+  only: the trainer's model has no parameter requiring grad and ``train()`` fails at the first
+  backward (TRL 0.23.0's symptom); TRL's ``prepare_peft_model`` called with plain
+  ``TrainingArguments`` returns the adapters frozen too.
 * With it: the adapters still require grad after ``__init__`` and a real GRPO run changes them
   (and only them).
 * The probe on the cell's TRL and on code written here.
@@ -67,9 +68,26 @@ def _trainer(tmp_path, model, steps=1):
 @rebuilds_config
 def test_bug_without_the_patch_init_raises(tmp_path, unpatched):
     model, _ = fake_4bit_peft_model()
-    with unpatched(PID):
+    with unpatched(PID), unpatched("qlora-config-rebuild"):
         with pytest.raises(ValueError, match="'generation_batch_size' and 'steps_per_generation' can not be both configured"):
             _trainer(tmp_path, model)
+
+
+@needs_bug
+def test_bug_without_the_patch_nothing_trains(tmp_path, unpatched):
+    # on 0.22.x qlora-config-rebuild gets __init__ past the ValueError: TRL 0.23.0's symptom remains
+    model, _ = fake_4bit_peft_model()
+    with unpatched(PID):
+        trainer = _trainer(tmp_path, model)
+        assert not [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+        trainer.model.get_base_model().is_loaded_in_4bit = False  # see test_adapters_train
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        try:
+            trainer.train()
+        except RuntimeError as error:  # no input requires grad either
+            assert "does not require grad" in str(error)
+        else:  # gradient checkpointing made the inputs require grad: the run goes on, training nothing
+            assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
 
 
 @needs_bug

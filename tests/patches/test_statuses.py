@@ -31,6 +31,7 @@ APPLIED_REASONS = {
     "grpo-eval-0.14": ["calls inputs.get(...)", "'list' object has no attribute 'get'"],
     "logps-attention-mask": ["without attention_mask"],
     "peft-optional": ["get_peft_model in GRPOTrainer.__init__"],
+    "qlora-config-rebuild": ["rebuilds GRPOConfig with dataclasses.replace"],
     "qlora-peftmodel-frozen": ["freezes every parameter including the LoRA adapters"],
     "scale-rewards-swapped": ["scale_rewards labels are swapped"],
     "train-sampler-signature": [

@@ -97,11 +97,11 @@ APPLIED = {
     "trl0.19.1-tf5.23.0": {"logits-to-keep", "transformers5-import", "transformers5-use-cache", "transformers5-warnings-issued"},
     # TRL 0.20 -> 0.29.1 with the transformers 4.x of their day, no vLLM (the stand-in emulates vLLM
     # 0.7-0.9, not the 0.10+ APIs these releases import), deepspeed in trl0.24.0 only. The 0.14 - 0.19
-    # patches end before 0.20; scale-rewards-swapped is 0.22.0/0.22.1's, qlora-peftmodel-frozen
-    # 0.22.0 - 0.23.0's, eval-before-train-ga 0.22.0 - 0.27.0's (none needs vLLM)
+    # patches end before 0.20; scale-rewards-swapped is 0.22.0/0.22.1's, qlora-config-rebuild 0.22.x's,
+    # qlora-peftmodel-frozen 0.22.0 - 0.23.0's, eval-before-train-ga 0.22.0 - 0.27.0's (none needs vLLM)
     "trl0.20.0-tf4.53.3": set(),
-    "trl0.22.1-tf4.55.4": {"eval-before-train-ga", "qlora-peftmodel-frozen", "scale-rewards-swapped"},
-    "trl0.22.2-tf4.55.4": {"eval-before-train-ga", "qlora-peftmodel-frozen"},
+    "trl0.22.1-tf4.55.4": {"eval-before-train-ga", "qlora-config-rebuild", "qlora-peftmodel-frozen", "scale-rewards-swapped"},
+    "trl0.22.2-tf4.55.4": {"eval-before-train-ga", "qlora-config-rebuild", "qlora-peftmodel-frozen"},
     "trl0.24.0-tf4.57.1": {"eval-before-train-ga"},
     "trl0.26.0-tf4.57.3": {"eval-before-train-ga"},
     "trl0.26.2-tf4.57.3": {"eval-before-train-ga"},

@@ -515,6 +515,20 @@ PATCHES = [
         impl="trl_compat.patches.qlora_peftmodel_frozen",
         remove_when="TRL 0.22.x and 0.23.0 are no longer supported",
     ),
+    Patch(
+        id="qlora-config-rebuild",
+        summary="4/8-bit model on TRL 0.22.x: copy the config where prepare_peft_model rebuilt it (GRPOConfig rejected the rebuild)",
+        symptom="ValueError: 'generation_batch_size' and 'steps_per_generation' can not be both configured at the same time",
+        upstream="https://github.com/huggingface/trl/pull/3981 (fixed in 0.23.0)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",  # the fix is on trl.models.utils, which the trigger module imports
+        changes=("trl.models.utils:dataclasses",),
+        # introduced by PR #3882 (0.22.0.dev0); main fixed it in 4c47b3281 (0.23.0.dev0).
+        requires={"trl": affected("0.22.0", "0.23.0"), "peft": ">=0.0.dev0"},
+        witnesses={"trl": {"inside": ["0.22.0", "0.22.2", "0.23.0.dev0"], "outside": ["0.21.0", "0.23.0"]}},
+        impl="trl_compat.patches.qlora_config_rebuild",
+        remove_when="TRL 0.22.x is no longer supported",
+    ),
 ]
 
 
