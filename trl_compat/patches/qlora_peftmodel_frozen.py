@@ -30,8 +30,8 @@ without ``peft_config`` and not sharded (no ``Params4bit`` on the CPU/meta devic
 test), it does what TRL 0.23.1's function does there: enable gradient checkpointing through TRL's
 ``enable_gradient_checkpointing`` when ``args.gradient_checkpointing``, cast for bf16 through TRL's
 ``peft_module_casting_to_bf16`` when ``args.bf16`` and 4-bit, nothing else; the adapters keep
-``requires_grad``. Any other call runs TRL's function. Not fixed here: a k-bit model given *with*
-``peft_config`` on TRL 0.22.x still meets the ``dataclasses.replace`` ValueError above (PR #3981).
+``requires_grad``. Any other call runs TRL's function. A k-bit model given *with* ``peft_config`` meets the
+``dataclasses.replace`` ValueError on TRL 0.22.x too: qlora-config-rebuild fixes that.
 """
 
 from __future__ import annotations
