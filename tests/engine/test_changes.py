@@ -167,7 +167,8 @@ def test_the_grpo_trainer_init_patches_stack_in_registry_order():
     declaring = [p.id for p in PATCHES if INIT in [c if ":" in c else f"{p.trigger}:{c}" for c in p.changes]]
     derived = engine.stacking(INIT)
     # the stacking a reviewer reads in the registry, stated once here: peft-optional innermost
-    # (its stand-in names must exist before any other fix's code runs), vllm-v1-engine outermost
+    # (its stand-in names must exist before any other fix's code runs), scale-rewards-swapped (TRL 0.22,
+    # whose window meets no other's) outermost
     assert derived == [
         "peft-optional",
         "dataloader-workers",
@@ -176,6 +177,7 @@ def test_the_grpo_trainer_init_patches_stack_in_registry_order():
         "reward-model-zero3",
         "vllm-v1-engine",
         "prompt-right-truncation",
+        "scale-rewards-swapped",
     ]
     assert derived == declaring
     assert [pid for pid in (p.id for p in engine.registry()) if pid in derived] == derived

@@ -75,6 +75,7 @@ def test_the_init_patches_declare_it():
         "reward-model-zero3",
         "vllm-v1-engine",
         "prompt-right-truncation",
+        "scale-rewards-swapped",
     ]
 
 

@@ -26,11 +26,15 @@ BY_ID = {patch.id: patch for patch in PATCHES}
 
 # Where a patch applies, its reason names what the probe found in the real code.
 APPLIED_REASONS = {
+    "eval-before-train-ga": ["divides the loss by self.current_gradient_accumulation_steps"],
     "fsdp2-vllm-sync": ["only syncs FSDP1", "generations change"],
     "generation-config-model-defaults": ["calls generate(generation_config=self.generation_config) without use_model_defaults"],
     "grpo-eval-0.14": ["calls inputs.get(...)", "'list' object has no attribute 'get'"],
     "logps-attention-mask": ["without attention_mask"],
     "peft-optional": ["get_peft_model in GRPOTrainer.__init__"],
+    "qlora-config-rebuild": ["rebuilds GRPOConfig with dataclasses.replace"],
+    "qlora-peftmodel-frozen": ["freezes every parameter including the LoRA adapters"],
+    "scale-rewards-swapped": ["scale_rewards labels are swapped"],
     "train-sampler-signature": [
         "sampler_fn(dataset) passes 1 positional argument(s)",
         "GRPOTrainer._get_train_sampler(self) cannot take",

@@ -602,6 +602,69 @@ PATCHES = [
         impl="trl_compat.patches.generation_config_model_defaults",
         remove_when="trl_compat no longer supports TRL < 0.26.2 on transformers 4.50 - 4.57",
     ),
+    # TRL 0.22 - 0.27 (branch trl022). scale-rewards-swapped (last: the outermost __init__ wrapper) only relabels,
+    # after TRL's __init__, an attribute no other patch touches; no other __init__ patch applies on TRL 0.22.
+    Patch(
+        id="scale-rewards-swapped",
+        summary='scale_rewards labels swapped in TRL 0.22.0/0.22.1: relabel so "group" (default) and "none" do what they say',
+        symptom='silent: default scale_rewards="group" trains with unscaled advantages; "none" (Dr. GRPO) divides by the group std',
+        upstream="https://github.com/huggingface/trl/issues/3991 (fixed by PR #3992 in 0.22.2)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
+        changes=("GRPOTrainer.__init__",),
+        # main carried the bug from fe44806b6 (0.22.0.dev0) to 35702ce37 (0.23.0.dev0); 0.22.2's fix is read by the probe.
+        requires={"trl": affected("0.22.0", "0.23.0")},
+        witnesses={"trl": {"inside": ["0.22.0", "0.22.1", "0.22.2", "0.23.0.dev0"], "outside": ["0.21.0", "0.23.0"]}},
+        impl="trl_compat.patches.scale_rewards_swapped",
+        remove_when="TRL 0.22.0 and 0.22.1 are no longer supported",
+    ),
+    Patch(
+        id="eval-before-train-ga",
+        summary="evaluate() / eval_on_start before train(): the eval loss uses normaliser 1, as TRL 0.27.1 does",
+        symptom="AttributeError: 'GRPOTrainer' object has no attribute 'current_gradient_accumulation_steps'",
+        upstream="https://github.com/huggingface/trl/issues/4010 (also #4669, #4850; fixed by PR #4852 in 0.27.1)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",  # compute_loss is TRL's in every affected release; the class is what must exist
+        changes=("GRPOTrainer.compute_loss",),
+        # introduced by PR #3938 (0.22.0.dev0); main fixed it in 7c4b6f169 (0.28.0.dev0), 0.27.1 by the probe.
+        requires={"trl": affected("0.22.0", "0.28.0")},
+        witnesses={
+            "trl": {"inside": ["0.22.0", "0.24.0", "0.26.2", "0.27.0", "0.27.1", "0.28.0.dev0"], "outside": ["0.21.0", "0.28.0"]}
+        },
+        impl="trl_compat.patches.eval_before_train_ga",
+        remove_when="TRL < 0.27.1 is no longer supported",
+    ),
+    Patch(
+        id="qlora-peftmodel-frozen",
+        summary="a 4/8-bit PeftModel given without peft_config: skip the k-bit preparation that froze its adapters (crashed 0.22)",
+        symptom=(
+            "ValueError: 'generation_batch_size' and 'steps_per_generation' can not be both configured at the same time "
+            "(0.22.x; 0.23.0: element 0 of tensors does not require grad and does not have a grad_fn)"
+        ),
+        upstream="https://github.com/huggingface/trl/pull/4081 (fixed in 0.23.1; SFT twin issue #3926)",
+        trigger=GRPO_MODULE,
+        must_exist="prepare_peft_model",
+        changes=("prepare_peft_model", "trl.models.utils:prepare_peft_model"),
+        # introduced by PR #3882 (0.22.0.dev0); main fixed it in 7e2075347 (0.24.0.dev0), 0.23.1 by the probe.
+        requires={"trl": affected("0.22.0", "0.24.0"), "peft": ">=0.0.dev0"},
+        witnesses={"trl": {"inside": ["0.22.0", "0.22.1", "0.23.0", "0.23.1", "0.24.0.dev0"], "outside": ["0.21.0", "0.24.0"]}},
+        impl="trl_compat.patches.qlora_peftmodel_frozen",
+        remove_when="TRL 0.22.x and 0.23.0 are no longer supported",
+    ),
+    Patch(
+        id="qlora-config-rebuild",
+        summary="4/8-bit model on TRL 0.22.x: copy the config where prepare_peft_model rebuilt it (GRPOConfig rejected the rebuild)",
+        symptom="ValueError: 'generation_batch_size' and 'steps_per_generation' can not be both configured at the same time",
+        upstream="https://github.com/huggingface/trl/pull/3981 (fixed in 0.23.0)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",  # the fix is on trl.models.utils, which the trigger module imports
+        changes=("trl.models.utils:dataclasses",),
+        # introduced by PR #3882 (0.22.0.dev0); main fixed it in 4c47b3281 (0.23.0.dev0).
+        requires={"trl": affected("0.22.0", "0.23.0"), "peft": ">=0.0.dev0"},
+        witnesses={"trl": {"inside": ["0.22.0", "0.22.2", "0.23.0.dev0"], "outside": ["0.21.0", "0.23.0"]}},
+        impl="trl_compat.patches.qlora_config_rebuild",
+        remove_when="TRL 0.22.x is no longer supported",
+    ),
 ]
 
 
