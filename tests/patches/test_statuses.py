@@ -26,6 +26,7 @@ BY_ID = {patch.id: patch for patch in PATCHES}
 
 # Where a patch applies, its reason names what the probe found in the real code.
 APPLIED_REASONS = {
+    "entropy-mask-gather-hang": ["without accelerator.pad_across_processes"],
     "fsdp2-vllm-sync": ["only syncs FSDP1", "generations change"],
     "grpo-eval-0.14": ["calls inputs.get(...)", "'list' object has no attribute 'get'"],
     "logps-attention-mask": ["without attention_mask"],

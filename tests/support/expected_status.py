@@ -98,11 +98,13 @@ APPLIED = {
     # TRL 0.20 -> 0.29.1 with the transformers 4.x of their day, no vLLM (the stand-in emulates vLLM
     # 0.7-0.9, not the 0.10+ APIs these releases import), deepspeed in trl0.24.0 only: every patch ends before 0.20
     "trl0.20.0-tf4.53.3": set(),
-    "trl0.22.1-tf4.55.4": set(),
-    "trl0.22.2-tf4.55.4": set(),
+    "trl0.22.1-tf4.55.4": {"entropy-mask-gather-hang"},
+    "trl0.22.2-tf4.55.4": {"entropy-mask-gather-hang"},
     "trl0.24.0-tf4.57.1": set(),
     "trl0.26.0-tf4.57.3": set(),
     "trl0.26.2-tf4.57.3": set(),
+    # TRL 0.27.1 on transformers 5.1.0 (peft 0.18.1, no vLLM, no deepspeed): the last release that sets warnings_issued
+    "trl0.27.1-tf5.1.0": {"transformers5-warnings-issued"},
     "trl0.28.0-tf4.57.6": set(),
     "trl0.29.1-tf4.57.6": set(),
     "trl-newest": set(),
