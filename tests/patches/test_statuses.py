@@ -36,6 +36,7 @@ APPLIED_REASONS = {
         "GRPOTrainer._get_train_sampler(self) cannot take",
     ],
     "zero3-hooks-api": ["renamed to _register_deepspeed_module"],
+    "zero3-peft-mixed-dtype": ["without autocast_adapter_dtype"],
 }
 
 # Where the gate says "not needed", the probe says so too from the fixed code: it is what decides

@@ -101,6 +101,8 @@ APPLIED = {
     "trl0.22.1-tf4.55.4": {"entropy-mask-gather-hang"},
     "trl0.22.2-tf4.55.4": {"entropy-mask-gather-hang"},
     "trl0.24.0-tf4.57.1": set(),
+    # the same stack with DeepSpeed 0.19.2 (no vLLM): ZeRO-3 + LoRA on bf16 models
+    "trl0.24.0-tf4.57.1-ds0.19.2": {"zero3-peft-mixed-dtype"},
     "trl0.26.0-tf4.57.3": set(),
     "trl0.26.2-tf4.57.3": set(),
     # TRL 0.27.1 on transformers 5.1.0 (peft 0.18.1, no vLLM, no deepspeed): the last release that sets warnings_issued

@@ -472,7 +472,7 @@ PATCHES = [
     Patch(
         id="entropy-mask-gather-hang",
         summary="top_entropy_quantile < 1 on several processes: pad the entropies across ranks before gathering (TRL 0.24's body)",
-        symptom="the run hangs at the first training step on >= 2 processes (gloo: RuntimeError ... op.preamble.length <= op.nbytes)",
+        symptom="RuntimeError: [...gloo...] op.preamble.length <= op.nbytes (gloo; NCCL hangs) at the first step on >= 2 processes",
         upstream="https://github.com/huggingface/trl/issues/3933, https://github.com/huggingface/trl/pull/4041 (fixed in 0.23.1)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",
@@ -482,6 +482,29 @@ PATCHES = [
         witnesses={"trl": {"inside": ["0.21.0", "0.22.2", "0.23.0", "0.23.1.dev0"], "outside": ["0.20.0", "0.23.1", "0.24.0"]}},
         impl="trl_compat.patches.entropy_mask_gather_hang",
         remove_when="TRL 0.21.0 - 0.23.0 are no longer supported",
+    ),
+    # After peft-optional (which replaces the module's get_peft_model only where peft is missing, when this one
+    # never applies): where both were installed, this wrapper would sit above it.
+    Patch(
+        id="zero3-peft-mixed-dtype",
+        summary="ZeRO-3 + LoRA on a bf16 model, DeepSpeed 0.19.2: get_peft_model keeps the adapters in the model's dtype",
+        symptom="TypeError: output tensor must have the same type as input tensor (first optimizer step, _allgather_params_coalesced)",
+        upstream=(
+            "https://github.com/huggingface/trl/issues/6089, https://github.com/huggingface/trl/pull/6091 (fixed in TRL 1.7.0); "
+            "https://github.com/deepspeedai/DeepSpeed/issues/8072 (fixed in DeepSpeed 0.19.3 by PRs #8073, #8113)"
+        ),
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
+        # TRL 0.14 - 0.21 and 0.26+ call the module's get_peft_model; 0.22 - 0.25 go through trl.models.utils.prepare_peft_model.
+        changes=("get_peft_model", "trl.models.utils:get_peft_model"),
+        requires={"trl": affected("0.14.0", "1.7.0"), "deepspeed": affected("0.19.2", "0.19.3"), "peft": affected("0.12.0")},
+        witnesses={
+            "trl": {"inside": ["0.14.0", "0.24.0", "0.29.1", "1.6.0", "1.7.0.dev0"], "outside": ["1.7.0", "1.16.0"]},
+            "deepspeed": {"inside": ["0.19.2", "0.19.3.dev0"], "outside": ["0.19.1", "0.19.3", "0.19.8"]},
+            "peft": {"inside": ["0.12.0", "0.17.1", "0.21.2"], "outside": ["0.11.1"]},
+        },
+        impl="trl_compat.patches.zero3_peft_mixed_dtype",
+        remove_when="trl_compat no longer supports DeepSpeed 0.19.2",
     ),
 ]
 
