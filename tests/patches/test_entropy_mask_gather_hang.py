@@ -136,7 +136,9 @@ def test_gather_hangs_without_patch(model_dir, tmp_path):
     assert not run.of("done"), run.tail()
     assert [e["status"] for e in run.of("versions")] == ["disabled", "disabled"], run.tail()
     assert len(run.of("enter")) >= 2, run.tail()  # both ranks reached the gather
-    assert not run.of("mask"), run.tail()  # and no rank got a threshold out of it
+    # Rank 1 (5-token completions: the shorter buffer) never gets a threshold out of it; rank 0 may: gloo can
+    # deliver rank 1's shorter message into rank 0's longer buffer (the rest uninitialised) before rank 1 aborts.
+    assert not run.of("mask", rank=1), run.tail()
     assert hung or GLOO_SIZE_ERROR in run.output, run.tail()
 
 

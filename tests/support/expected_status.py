@@ -96,7 +96,7 @@ APPLIED = {
     "trl0.19.1-tf4.53.3": {"logits-to-keep"},
     "trl0.19.1-tf5.23.0": {"logits-to-keep", "transformers5-import", "transformers5-use-cache", "transformers5-warnings-issued"},
     # TRL 0.20 -> 0.29.1 with the transformers 4.x of their day, no vLLM (the stand-in emulates vLLM
-    # 0.7-0.9, not the 0.10+ APIs these releases import), deepspeed in trl0.24.0 only: every patch ends before 0.20
+    # 0.7-0.9, not the 0.10+ APIs these releases import), deepspeed in trl0.24.0 only; entropy-mask-gather-hang: TRL 0.21.0 - 0.23.0
     "trl0.20.0-tf4.53.3": set(),
     "trl0.22.1-tf4.55.4": {"entropy-mask-gather-hang"},
     "trl0.22.2-tf4.55.4": {"entropy-mask-gather-hang"},
