@@ -26,10 +26,12 @@ How the probe recognises it
 The fix
     The ``get_peft_model`` name that call site looks up (``trl.trainer.grpo_trainer.get_peft_model``
     or ``trl.models.utils.get_peft_model``) is wrapped: when transformers says ZeRO-3 is on
-    (``is_deepspeed_zero3_enabled()``, set by the ``TrainingArguments`` that carry the DeepSpeed
-    config), the model is not quantised (no ``is_loaded_in_4bit``/``is_loaded_in_8bit``) and the caller
-    did not pass ``autocast_adapter_dtype``, it passes ``autocast_adapter_dtype=False``: the adapters
-    keep the base model's dtype, as TRL 1.7 does. Anything else is passed through untouched.
+    (``is_deepspeed_zero3_enabled()``: ZeRO-Init, set by ``TrainingArguments`` with a stage-3
+    DeepSpeed config or by accelerate's stage-3 plugin with ``zero3_init``; a model loaded without
+    ZeRO-Init is still cast whole by DeepSpeed 0.19.2, so it has no mixed dtypes), the model is not
+    quantised (no ``is_loaded_in_4bit``/``is_loaded_in_8bit``) and the caller did not pass
+    ``autocast_adapter_dtype``, it passes ``autocast_adapter_dtype=False``: the adapters keep the base
+    model's dtype, as TRL 1.7 does. Anything else is passed through untouched.
     ``trl.models.utils.get_peft_model`` is shared by TRL's other trainers (``prepare_peft_model``): they
     get the same fix under ZeRO-3, which is where they have the same bug.
 """
