@@ -27,7 +27,7 @@ DS_CONFIG = {
     "bf16": {"enabled": "auto"},
     # DeepSpeed's own scheduler: with LoRA the Trainer's no-weight-decay parameter group is empty, DeepSpeed drops it,
     # and torch >= 2.13's LR schedulers (strict zip) then fail with "zip() argument 2 is longer than argument 1".
-    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": LR, "warmup_max_lr": "auto", "warmup_num_steps": 0}},  # constant LR
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": LR, "warmup_max_lr": "auto", "warmup_num_steps": "auto"}},  # constant LR
     "train_micro_batch_size_per_gpu": "auto",
     "train_batch_size": "auto",
     "gradient_accumulation_steps": "auto",
@@ -74,6 +74,7 @@ def main():
         deepspeed=DS_CONFIG,
         bf16=True,
         learning_rate=LR,
+        warmup_steps=1,  # DeepSpeed >= 0.19.3 rejects warmup_num_steps=0 (min_lr == max_lr: no warm-up anyway)
         beta=0.0,
         model_init_kwargs={dtype_key: "auto"},
     )

@@ -13,7 +13,10 @@ The bug (TRL issue #6089, DeepSpeed issue #8072)
     0.14 - 1.6 (TRL PR #6091, bf6a7b512, in 1.7.0, passes ``autocast_adapter_dtype=False`` under
     ZeRO-3 for unquantised models). DeepSpeed fixed the gather itself in PRs #8073 (b5b3fded4) and
     #8113 (195255e7e), both first released in 0.19.3: the window is DeepSpeed 0.19.2 (and its
-    0.19.3.dev builds), peft >= 0.12.
+    0.19.3.dev builds), peft >= 0.12. (tests/support/zero3_lora_worker.py's run, unpatched, fails on
+    0.19.2 and trains with fp32 adapters on 0.19.3.) On gloo the error reads ``RuntimeError:
+    ProcessGroupGloo::allgather: invalid tensor type``; in a GRPO run it comes at the first gather of
+    the whole model, TRL's ``unwrap_model_for_generation``, before any optimizer step.
 
 How the probe recognises it
     Where GRPOTrainer creates the PEFT model: ``GRPOTrainer.__init__`` calls ``get_peft_model(``
