@@ -27,7 +27,8 @@ DS_CONFIG = {
     "bf16": {"enabled": "auto"},
     # DeepSpeed's own scheduler: with LoRA the Trainer's no-weight-decay parameter group is empty, DeepSpeed drops it,
     # and torch >= 2.13's LR schedulers (strict zip) then fail with "zip() argument 2 is longer than argument 1".
-    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": LR, "warmup_max_lr": "auto", "warmup_num_steps": "auto"}},  # constant LR
+    # min_lr == max_lr: a constant learning rate
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": LR, "warmup_max_lr": "auto", "warmup_num_steps": "auto"}},
     "train_micro_batch_size_per_gpu": "auto",
     "train_batch_size": "auto",
     "gradient_accumulation_steps": "auto",
