@@ -27,6 +27,7 @@ BY_ID = {patch.id: patch for patch in PATCHES}
 # Where a patch applies, its reason names what the probe found in the real code.
 APPLIED_REASONS = {
     "eval-before-train-ga": ["divides the loss by self.current_gradient_accumulation_steps"],
+    "entropy-mask-gather-hang": ["without accelerator.pad_across_processes"],
     "fsdp2-vllm-sync": ["only syncs FSDP1", "generations change"],
     "generation-config-model-defaults": ["calls generate(generation_config=self.generation_config) without use_model_defaults"],
     "grpo-eval-0.14": ["calls inputs.get(...)", "'list' object has no attribute 'get'"],
@@ -40,6 +41,7 @@ APPLIED_REASONS = {
         "GRPOTrainer._get_train_sampler(self) cannot take",
     ],
     "zero3-hooks-api": ["renamed to _register_deepspeed_module"],
+    "zero3-peft-mixed-dtype": ["without autocast_adapter_dtype"],
 }
 
 # Where the gate says "not needed", the probe says so too from the fixed code: it is what decides

@@ -5,6 +5,8 @@ Same file in every cell:
 
 * every cell: the status expected for the installed versions ("applied" for TRL 0.14-0.19 on
   transformers >= 5, "not needed" elsewhere, including without trl);
+* TRL 0.20 - 0.27.1 on transformers >= 5.1 (trl0.27.1-tf5.1.0): only transformers5-warnings-issued
+  applies: its bug without the patch and the three GRPO runs below with it;
 * affected cells (e.g. trl0.19.1-tf5.23.0): each bug reproduced without its patch, with its exact
   error (the import bug in a subprocess, since it happens at ``import``), the flags' values with the
   patch, the import fix when ``import trl`` (and a failed ``from trl import GRPOTrainer``) came
@@ -26,10 +28,17 @@ from versions import installed
 TRL = installed("trl")
 TF = installed("transformers")
 AFFECTED = TRL is not None and TF is not None and Version("0.14.0.dev0") <= TRL < Version("0.20.0") and TF >= Version("5.0.0.dev0")
+# transformers5-warnings-issued alone reaches further: TRL < 0.27.2 on transformers >= 5.1 (5.0.0 has the dict).
+WARNINGS_AFFECTED = (
+    TRL is not None and TF is not None and Version("0.14.0.dev0") <= TRL < Version("0.27.2") and TF >= Version("5.1.0.dev0")
+)
 IMPORT_ID, USE_CACHE_ID, WARNINGS_ID = "transformers5-import", "transformers5-use-cache", "transformers5-warnings-issued"
 IDS = (IMPORT_ID, USE_CACHE_ID, WARNINGS_ID)
 
 needs_affected = pytest.mark.skipif(not AFFECTED, reason=f"only TRL 0.14-0.19 on transformers 5 (here trl {TRL}, transformers {TF})")
+needs_warnings_affected = pytest.mark.skipif(
+    not WARNINGS_AFFECTED, reason=f"only TRL 0.14-0.27.1 on transformers >= 5.1 (here trl {TRL}, transformers {TF})"
+)
 
 
 def _run(code, **env):
@@ -124,8 +133,10 @@ def test_use_cache_none_fails_without_patch(tmp_path, unpatched):
     assert "Field 'use_cache' expected bool, got NoneType" in str(info.value)
 
 
-@needs_affected
+@needs_warnings_affected
 def test_warnings_issued_missing_without_patch(tmp_path, unpatched):
+    import trl.trainer.grpo_trainer  # noqa: F401  the trigger: the patch applies on this import
+
     import grpo_run
     import tiny
 
@@ -152,7 +163,7 @@ def test_proxy_drops_only_none_use_cache(tmp_path):
     assert gt.AutoModelForCausalLM.from_config == transformers.AutoModelForCausalLM.from_config
 
 
-@needs_affected
+@needs_warnings_affected
 @pytest.mark.parametrize("case", ["qwen2-full", "llama-lora", "qwen2-beta-ref"])
 def test_grpo_runs_with_patches(tmp_path, case):
     import torch

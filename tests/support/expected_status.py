@@ -114,20 +114,37 @@ APPLIED = {
     # 0.7-0.9, not the 0.10+ APIs these releases import), deepspeed in trl0.24.0 only. The 0.14 - 0.19
     # patches end before 0.20, but generation-config-model-defaults (TRL < 0.26.2 on transformers
     # 4.50 - 4.57); scale-rewards-swapped is 0.22.0/0.22.1's, qlora-config-rebuild 0.22.x's,
-    # qlora-peftmodel-frozen 0.22.0 - 0.23.0's, eval-before-train-ga 0.22.0 - 0.27.0's (none needs vLLM)
+    # qlora-peftmodel-frozen 0.22.0 - 0.23.0's, eval-before-train-ga 0.22.0 - 0.27.0's (none needs vLLM),
+    # entropy-mask-gather-hang 0.21.0 - 0.23.0's
     "trl0.20.0-tf4.53.3": {"generation-config-model-defaults"},
     "trl0.22.1-tf4.55.4": {
+        "entropy-mask-gather-hang",
         "eval-before-train-ga",
         "generation-config-model-defaults",
         "qlora-config-rebuild",
         "qlora-peftmodel-frozen",
         "scale-rewards-swapped",
     },
-    "trl0.22.2-tf4.55.4": {"eval-before-train-ga", "generation-config-model-defaults", "qlora-config-rebuild", "qlora-peftmodel-frozen"},
+    "trl0.22.2-tf4.55.4": {
+        "entropy-mask-gather-hang",
+        "eval-before-train-ga",
+        "generation-config-model-defaults",
+        "qlora-config-rebuild",
+        "qlora-peftmodel-frozen",
+    },
     # TRL 0.24 - 0.25 truncate prompts with the tokenizer, on the side of the one passed
     "trl0.24.0-tf4.57.1": {"eval-before-train-ga", "generation-config-model-defaults", "prompt-right-truncation"},
+    # the same stack with DeepSpeed 0.19.2 (no vLLM): ZeRO-3 + LoRA on bf16 models
+    "trl0.24.0-tf4.57.1-ds0.19.2": {
+        "eval-before-train-ga",
+        "generation-config-model-defaults",
+        "prompt-right-truncation",
+        "zero3-peft-mixed-dtype",
+    },
     "trl0.26.0-tf4.57.3": {"eval-before-train-ga", "generation-config-model-defaults"},
     "trl0.26.2-tf4.57.3": {"eval-before-train-ga"},
+    # TRL 0.27.1 on transformers 5.1.0 (peft 0.18.1, no vLLM, no deepspeed): the last release that sets warnings_issued
+    "trl0.27.1-tf5.1.0": {"transformers5-warnings-issued"},
     "trl0.28.0-tf4.57.6": set(),
     "trl0.29.1-tf4.57.6": set(),
     "trl-newest": set(),

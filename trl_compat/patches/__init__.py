@@ -25,8 +25,9 @@ GRPO_MODULE = "trl.trainer.grpo_trainer"
 OLDEST_KNOWN_TRL = "0.14.0"
 NEWEST_KNOWN_TRL = "0.29.1"
 
-# The transformers-5 patches' shared window: TRL releases trl_compat supports (< 0.20, and the
-# 0.20.0.dev0 builds that still carry 0.19's code) on transformers 5. Each has its own probe.
+# transformers5-import's and transformers5-use-cache's shared window: TRL releases trl_compat supports (< 0.20,
+# and the 0.20.0.dev0 builds that still carry 0.19's code) on transformers 5. Each has its own probe.
+# (transformers5-warnings-issued has its own: its line lives on up to TRL 0.27.1.)
 TRANSFORMERS5 = {"trl": affected("0.14.0", "0.20.0"), "transformers": affected("5.0.0")}
 TRANSFORMERS5_REMOVE_WHEN = "trl_compat drops TRL < 0.20 on transformers 5"
 
@@ -115,20 +116,21 @@ PATCHES = [
     ),
     Patch(
         id="transformers5-warnings-issued",
-        summary="TRL < 0.20 on transformers 5: GRPOTrainer.__init__ sets model.warnings_issued, which is gone",
+        summary="TRL < 0.27.2 on transformers >= 5.1: GRPOTrainer.__init__ sets model.warnings_issued, which is gone",
         symptom="AttributeError: 'Qwen2ForCausalLM' object has no attribute 'warnings_issued'",
-        upstream="https://github.com/huggingface/trl/pull/4960 (removed the line in 0.28.0)",
+        upstream="https://github.com/huggingface/trl/pull/4960 (fixed in 0.27.2)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",  # the fix is on transformers' PreTrainedModel; TRL's class must be there
         changes=("transformers.modeling_utils:PreTrainedModel.warnings_issued",),
-        requires=TRANSFORMERS5,
-        # 0.20 is where trl_compat's support ends; the line itself stays up to 0.28.0.
+        # Its own window, not TRANSFORMERS5: the line lives on in TRL 0.20 - 0.27.1 (0.27.2 removed it), and
+        # transformers 5.0.0 still creates the dict (5.1.0 dropped it; 5.0.0 and the 5.1.0.dev0 builds: the probe tells).
+        requires={"trl": affected("0.14.0", "0.27.2"), "transformers": affected("5.1.0")},
         witnesses={
-            "trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0", "0.28.0"]},
-            "transformers": {"inside": ["5.0.0"], "outside": ["4.57.0"]},
+            "trl": {"inside": ["0.14.0", "0.19.1", "0.20.0", "0.27.1", "0.27.2.dev0"], "outside": ["0.27.2", "0.28.0"]},
+            "transformers": {"inside": ["5.1.0", "5.23.0"], "outside": ["4.57.0", "5.0.0"]},
         },
         impl="trl_compat.patches.transformers5_warnings_issued",
-        remove_when=TRANSFORMERS5_REMOVE_WHEN,
+        remove_when="trl_compat drops TRL < 0.27.2 on transformers >= 5.1",
     ),
     Patch(
         id="peft-optional",
@@ -664,6 +666,44 @@ PATCHES = [
         witnesses={"trl": {"inside": ["0.22.0", "0.22.2", "0.23.0.dev0"], "outside": ["0.21.0", "0.23.0"]}},
         impl="trl_compat.patches.qlora_config_rebuild",
         remove_when="TRL 0.22.x is no longer supported",
+    ),
+    # -- dist: multi-process runs and DeepSpeed version breaks (TRL 0.2x) --------------------------
+    Patch(
+        id="entropy-mask-gather-hang",
+        summary="top_entropy_quantile < 1 on several processes: pad the entropies across ranks before gathering (TRL 0.24's body)",
+        symptom="RuntimeError: [...gloo...] op.preamble.length <= op.nbytes (gloo; NCCL hangs) at the first step on >= 2 processes",
+        upstream="https://github.com/huggingface/trl/issues/3933, https://github.com/huggingface/trl/pull/4041 (fixed in 0.23.1)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
+        changes=("GRPOTrainer.get_high_entropy_mask",),
+        requires={"trl": affected("0.21.0", "0.23.1")},
+        # 0.20.0 takes a per-rank quantile (no collective); 0.21.0.dev0 builds before PR #3833 too: the probe tells.
+        witnesses={"trl": {"inside": ["0.21.0", "0.22.2", "0.23.0", "0.23.1.dev0"], "outside": ["0.20.0", "0.23.1", "0.24.0"]}},
+        impl="trl_compat.patches.entropy_mask_gather_hang",
+        remove_when="TRL 0.21.0 - 0.23.0 are no longer supported",
+    ),
+    # After peft-optional (which replaces the module's get_peft_model only where peft is missing, when this one
+    # never applies): where both were installed, this wrapper would sit above it.
+    Patch(
+        id="zero3-peft-mixed-dtype",
+        summary="ZeRO-3 + LoRA on a bf16 model, DeepSpeed 0.19.2: get_peft_model keeps the adapters in the model's dtype",
+        symptom="TypeError: output tensor must have the same type as input tensor (first optimizer step, _allgather_params_coalesced)",
+        upstream=(
+            "https://github.com/huggingface/trl/issues/6089, https://github.com/huggingface/trl/pull/6091 (fixed in TRL 1.7.0); "
+            "https://github.com/deepspeedai/DeepSpeed/issues/8072 (fixed in DeepSpeed 0.19.3 by PRs #8073, #8113)"
+        ),
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
+        # TRL 0.14 - 0.21 and 0.26+ call the module's get_peft_model; 0.22 - 0.25 go through trl.models.utils.prepare_peft_model.
+        changes=("get_peft_model", "trl.models.utils:get_peft_model"),
+        requires={"trl": affected("0.14.0", "1.7.0"), "deepspeed": affected("0.19.2", "0.19.3"), "peft": affected("0.12.0")},
+        witnesses={
+            "trl": {"inside": ["0.14.0", "0.24.0", "0.29.1", "1.6.0", "1.7.0.dev0"], "outside": ["1.7.0", "1.16.0"]},
+            "deepspeed": {"inside": ["0.19.2", "0.19.3.dev0"], "outside": ["0.19.1", "0.19.3", "0.19.8"]},
+            "peft": {"inside": ["0.12.0", "0.17.1", "0.21.2"], "outside": ["0.11.1"]},
+        },
+        impl="trl_compat.patches.zero3_peft_mixed_dtype",
+        remove_when="trl_compat no longer supports DeepSpeed 0.19.2",
     ),
 ]
 

@@ -1,21 +1,24 @@
-"""transformers5-warnings-issued: ``GRPOTrainer.__init__`` of TRL <= 0.19 sets
-``model.warnings_issued[...]``, which transformers 5 removed.
+"""transformers5-warnings-issued: ``GRPOTrainer.__init__`` of TRL < 0.27.2 sets
+``model.warnings_issued[...]``, which transformers 5.1 removed.
 
-Remove this patch when trl_compat no longer supports TRL < 0.20 on transformers >= 5.
+Remove this patch when trl_compat no longer supports TRL < 0.27.2 on transformers >= 5.1.
 
-The bug (once transformers5-import lets ``from trl import GRPOTrainer`` work)
-    ``model.warnings_issued["estimate_tokens"] = True`` (TRL 0.14-0.27): transformers 5 removed
-    ``PreTrainedModel.warnings_issued`` (the dict ``PreTrainedModel.__init__`` used to create) and
-    nothing in it reads the dict any more, so every GRPOTrainer dies with
+The bug (for TRL < 0.20, once transformers5-import lets ``from trl import GRPOTrainer`` work)
+    ``model.warnings_issued["estimate_tokens"] = True`` (TRL 0.14 - 0.27.1): transformers 5.1.0
+    removed ``PreTrainedModel.warnings_issued`` (the dict ``PreTrainedModel.__init__`` used to create;
+    5.0.0 still creates it, read in both wheels' ``modeling_utils.py``) and nothing in it reads the
+    dict any more, so every GRPOTrainer dies with
     ``AttributeError: 'Qwen2ForCausalLM' object has no attribute 'warnings_issued'``.
-    Upstream: TRL PR #4960 (0.28.0) removed the line.
-    Window here: trl < 0.20 (what trl_compat supports and tests) and its 0.20.0.dev0 builds,
-    transformers >= 5.
+    Upstream: TRL PR #4960 (main 0eac30dc7; released in 0.27.2) removed the line.
+    Window here: trl 0.14.0 - 0.27.1 and the 0.27.2.dev0 builds before 0eac30dc7, transformers >= 5.1
+    (and its 5.1.0.dev0 builds). TRL 0.20 - 0.26 on transformers 5 also need peft >= 0.18 (older peft
+    imports transformers' removed ``HybridCache``), which is no part of this patch.
 
 How the probe recognises it
     The source of ``GRPOTrainer.__init__`` (comments dropped) contains ``warnings_issued[``,
     ``transformers.PreTrainedModel`` has no ``warnings_issued`` and the code of
-    ``transformers.modeling_utils`` never mentions it (so no instance gets one).
+    ``transformers.modeling_utils`` never mentions it (so no instance gets one): that tells
+    transformers 5.0.0 and the 5.1.0.dev0 builds before the removal (not needed) from 5.1.0.
 
 The fix
     ``PreTrainedModel.warnings_issued`` becomes a non-data descriptor that gives each model its

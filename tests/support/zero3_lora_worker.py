@@ -1,0 +1,111 @@
+"""One rank of a real 2-process DeepSpeed ZeRO-3 GRPO run with LoRA on a bf16 model (CPU, gloo),
+for tests/patches/test_zero3_peft_mixed_dtype.py.
+
+Launched as ``python -m torch.distributed.run --nproc_per_node 2 tests/support/zero3_lora_worker.py MODEL_DIR OUT_DIR``.
+MODEL_DIR holds a tiny Qwen2 saved in bfloat16; TRL loads it from there in bf16 (``dtype``/``torch_dtype``
+"auto") inside ZeRO-3's ``zero.Init``, adds LoRA through peft's ``get_peft_model`` and trains with
+``bf16=True``. ZeRO-3 keeps parameters under ``stage3_param_persistence_threshold`` (default 1e5:
+all of this tiny model's) whole on every rank and re-gathers them after each optimizer step,
+with one buffer dtype per bucket in DeepSpeed 0.19.2. Whether zero3-peft-mixed-dtype is on is
+decided by the environment (``TRL_COMPAT_DISABLE``). Observations, one line each (``Z3|{json}``):
+
+* ``versions``: TRL, DeepSpeed, peft and the patch's status;
+* ``adapters``: after ``GRPOTrainer(...)``: the dtypes of the LoRA and of the base parameters;
+* ``train``: the losses, and per LoRA parameter whether its gathered value changed.
+An error in ``trainer.train()`` is not caught: the rank dies with the traceback.
+"""
+
+import inspect
+import sys
+
+from zero3_worker import emit, finish, serialise_all_gathers, skip_shm_build
+
+LR = 1e-2
+
+DS_CONFIG = {
+    "zero_optimization": {"stage": 3},  # default persistence threshold: the tiny parameters stay persistent
+    "bf16": {"enabled": "auto"},
+    # DeepSpeed's own scheduler: with LoRA the Trainer's no-weight-decay parameter group is empty, DeepSpeed drops it,
+    # and torch >= 2.13's LR schedulers (strict zip) then fail with "zip() argument 2 is longer than argument 1".
+    # min_lr == max_lr: a constant learning rate
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": LR, "warmup_max_lr": "auto", "warmup_num_steps": "auto"}},
+    "train_micro_batch_size_per_gpu": "auto",
+    "train_batch_size": "auto",
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+    "zero_allow_untested_optimizer": True,
+}
+
+
+def main():
+    model_dir, out_dir = sys.argv[1], sys.argv[2]
+    skip_shm_build()
+    serialise_all_gathers()
+
+    import trl_compat  # before trl, as a user would
+
+    import deepspeed
+    import peft
+    import torch
+    import trl
+    from peft import LoraConfig
+    from transformers import AutoTokenizer
+    from trl import GRPOTrainer
+
+    import grpo_run
+    import tiny
+
+    emit(
+        "versions",
+        trl=trl.__version__,
+        deepspeed=deepspeed.__version__,
+        peft=peft.__version__,
+        status=trl_compat.status("zero3-peft-mixed-dtype"),
+    )
+    # TrainingArguments refuses bf16=True without a bf16 GPU unless use_cpu=True, which would turn off the
+    # 2-process DeepSpeed set-up; DeepSpeed's CPU accelerator and torch's CPU kernels do run bf16.
+    import transformers.training_args
+
+    transformers.training_args.is_torch_bf16_gpu_available = lambda: True
+    source = inspect.getsource(GRPOTrainer.__init__)
+    dtype_key = "dtype" if 'model_init_kwargs.get("dtype")' in source else "torch_dtype"
+    args, _ = grpo_run.make_config(
+        out_dir,
+        steps=2,
+        deepspeed=DS_CONFIG,
+        bf16=True,
+        learning_rate=LR,
+        warmup_steps=1,  # DeepSpeed >= 0.19.3 rejects warmup_num_steps=0 (min_lr == max_lr: no warm-up anyway)
+        beta=0.0,
+        model_init_kwargs={dtype_key: "auto"},
+    )
+    trainer = GRPOTrainer(
+        model=model_dir,
+        reward_funcs=[tiny.varying_reward],
+        args=args,
+        train_dataset=tiny.prompt_dataset(8),
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=list(grpo_run.LORA_TARGETS), task_type="CAUSAL_LM"),
+    )
+    lora = {n: p for n, p in trainer.model.named_parameters() if "lora_" in n}
+    base = [p for n, p in trainer.model.named_parameters() if "lora_" not in n]
+    emit("adapters", lora=sorted({str(p.dtype) for p in lora.values()}), base=sorted({str(p.dtype) for p in base}), count=len(lora))
+
+    def gathered():
+        with deepspeed.zero.GatheredParameters(list(lora.values())):
+            return {n: p.detach().float().clone() for n, p in lora.items()}
+
+    before = gathered()
+    trainer.train()
+    after = gathered()
+    emit(
+        "train",
+        losses=[e["loss"] for e in trainer.state.log_history if "loss" in e],
+        changed=sorted(n for n in lora if not torch.equal(before[n], after[n])),
+        count=len(lora),
+    )
+    finish()
+
+
+if __name__ == "__main__":
+    main()

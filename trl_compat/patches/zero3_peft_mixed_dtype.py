@@ -1,0 +1,113 @@
+"""zero3-peft-mixed-dtype: DeepSpeed 0.19.2 ZeRO-3 + LoRA on a bf16 model dies at the first optimizer
+step: ``TypeError: output tensor must have the same type as input tensor``.
+
+Remove this patch when trl_compat no longer supports DeepSpeed 0.19.2 (0.19.3 carries the fixes).
+
+The bug (TRL issue #6089, DeepSpeed issue #8072)
+    DeepSpeed 0.19.2 (PR #8066, b919284ab) stopped casting the whole ZeRO-Init module to bf16 in
+    ``_configure_distributed_model``. PEFT's ``get_peft_model`` (peft >= 0.12) upcasts the adapter
+    weights to fp32 by default (``autocast_adapter_dtype=True``), so a bf16 base model carries fp32
+    LoRA weights; ``_allgather_params_coalesced`` allocates every output buffer with the first
+    parameter's dtype, and the re-gather of the persistent parameters after the first optimizer step
+    raises the TypeError. Every TRL that calls ``get_peft_model`` without ``autocast_adapter_dtype``:
+    0.14 - 1.6 (TRL PR #6091, bf6a7b512, in 1.7.0, passes ``autocast_adapter_dtype=False`` under
+    ZeRO-3 for unquantised models). DeepSpeed fixed the gather itself in PRs #8073 (b5b3fded4) and
+    #8113 (195255e7e), both first released in 0.19.3: the window is DeepSpeed 0.19.2 (and its
+    0.19.3.dev builds), peft >= 0.12. (tests/support/zero3_lora_worker.py's run, unpatched, fails on
+    0.19.2 and trains with fp32 adapters on 0.19.3.) On gloo the error reads ``RuntimeError:
+    ProcessGroupGloo::allgather: invalid tensor type``; in a GRPO run it comes at the first gather of
+    the whole model, TRL's ``unwrap_model_for_generation``, before any optimizer step.
+
+How the probe recognises it
+    Where GRPOTrainer creates the PEFT model: ``GRPOTrainer.__init__`` calls ``get_peft_model(``
+    itself (TRL 0.14 - 0.21, 0.26+) or ``prepare_peft_model(`` (TRL 0.22 - 0.25), which calls
+    ``trl.models.utils.get_peft_model`` (passing ``autocast_adapter_dtype`` only for sharded QLoRA).
+    Needed when that call site never sets ``autocast_adapter_dtype`` under ZeRO-3 (an ``__init__``
+    that mentions ``autocast_adapter_dtype``, TRL 1.7+, does; a ``prepare_peft_model`` that reads the
+    ZeRO stage would). Neither call found: undecided.
+
+The fix
+    The ``get_peft_model`` name that call site looks up (``trl.trainer.grpo_trainer.get_peft_model``
+    or ``trl.models.utils.get_peft_model``) is wrapped: when transformers says ZeRO-3 is on
+    (``is_deepspeed_zero3_enabled()``: ZeRO-Init, set by ``TrainingArguments`` with a stage-3
+    DeepSpeed config or by accelerate's stage-3 plugin with ``zero3_init``; a model loaded without
+    ZeRO-Init is still cast whole by DeepSpeed 0.19.2, so it has no mixed dtypes), the model is not
+    quantised (no ``is_loaded_in_4bit``/``is_loaded_in_8bit``) and the caller did not pass
+    ``autocast_adapter_dtype``, it passes ``autocast_adapter_dtype=False``: the adapters keep the base
+    model's dtype, as TRL 1.7 does. Anything else is passed through untouched.
+    ``trl.models.utils.get_peft_model`` is shared by TRL's other trainers (``prepare_peft_model``): they
+    get the same fix under ZeRO-3, which is where they have the same bug.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+from trl_compat._engine import needed, not_needed, undecided
+from trl_compat._helpers.source import code
+
+KWARG = "autocast_adapter_dtype"
+
+
+def call_site(module):
+    """``(owner, where)``: the module whose ``get_peft_model`` GRPOTrainer ends up calling, and
+    where the call is; ``(None, None)`` when neither call is found."""
+    init = code(module.GRPOTrainer.__init__)
+    if "get_peft_model(" in init and hasattr(module, "get_peft_model"):
+        return module, "GRPOTrainer.__init__"
+    if "prepare_peft_model(" in init:
+        import trl.models.utils as utils
+
+        if hasattr(utils, "get_peft_model") and "get_peft_model(" in code(utils.prepare_peft_model):
+            return utils, "trl.models.utils.prepare_peft_model"
+    return None, None
+
+
+def probe(module):
+    owner, where = call_site(module)
+    if owner is None:
+        return undecided("GRPOTrainer.__init__ calls neither get_peft_model nor prepare_peft_model")
+    if where == "GRPOTrainer.__init__" and KWARG in code(module.GRPOTrainer.__init__):
+        return not_needed("GRPOTrainer.__init__ sets autocast_adapter_dtype for get_peft_model")
+    if owner is not module and any(s in code(owner.prepare_peft_model) for s in ("zero_stage", "zero3")):
+        return not_needed("prepare_peft_model sets autocast_adapter_dtype under ZeRO-3")
+    import peft
+
+    if KWARG not in inspect.signature(peft.get_peft_model).parameters:
+        return not_needed("peft's get_peft_model has no autocast_adapter_dtype (adapters keep the model's dtype)")
+    return needed(
+        f"{where} calls get_peft_model without autocast_adapter_dtype: under ZeRO-3 on DeepSpeed 0.19.2 the fp32 "
+        "LoRA weights beside a bf16 model fail the first optimizer step's all-gather"
+    )
+
+
+def _zero3_enabled() -> bool:
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    return bool(is_deepspeed_zero3_enabled())
+
+
+def _quantised(model) -> bool:
+    return bool(getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False))
+
+
+def apply(module, patcher):
+    owner, _ = call_site(module)
+
+    def factory(original):
+        signature = inspect.signature(original)
+
+        @functools.wraps(original)
+        def get_peft_model(*args, **kwargs):
+            try:
+                arguments = signature.bind_partial(*args, **kwargs).arguments
+            except TypeError:  # peft's own call reports it
+                return original(*args, **kwargs)
+            if KWARG not in arguments and _zero3_enabled() and not _quantised(arguments.get("model")):
+                kwargs[KWARG] = False
+            return original(*args, **kwargs)
+
+        return get_peft_model
+
+    patcher.wrap(owner, "get_peft_model", factory)
