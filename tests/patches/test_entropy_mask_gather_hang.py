@@ -17,8 +17,9 @@ import threading
 import time
 
 import pytest
-import torch
 from packaging.version import Version
+
+torch = pytest.importorskip("torch")
 
 from versions import installed
 from workers import SUPPORT, Run
