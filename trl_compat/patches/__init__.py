@@ -466,6 +466,47 @@ PATCHES = [
         impl="trl_compat.patches.fsdp2_vllm_sync",
         remove_when="TRL 0.18.x and 0.19.x are no longer supported",
     ),
+    # branch `sleep`: colocated vLLM of TRL 0.25+. vllm-sleep-mode-weights wraps __init__ only to
+    # register the engine after TRL built it (every other __init__ wrapper's window ends before
+    # 0.20: no stacking), and vLLM's LLM methods, which no other patch changes
+    Patch(
+        id="vllm-sleep-mode-weights",
+        summary="colocate + vllm_enable_sleep_mode: sync after every level-2 sleep and keep TRL's reload from disk "
+        "from overwriting the synced weights",
+        symptom=(
+            "silent: vLLM samples from the initial checkpoint (0.26+: eval / unchanged steps; 0.28+: always, "
+            "importance-sampling ratio ~1e-7) or from garbage weights (0.25)"
+        ),
+        upstream="https://github.com/huggingface/trl/issues/5312 (not fixed in 0.x; PR #5313; vllm#29341)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer._generate_single_turn",
+        changes=(
+            "GRPOTrainer.__init__",
+            "GRPOTrainer._move_model_to_vllm",
+            "trl.generation.vllm_generation:VLLMGeneration.sync_weights",
+            "vllm.entrypoints.llm:LLM.sleep",
+            "vllm.entrypoints.llm:LLM.wake_up",
+            "vllm.entrypoints.llm:LLM.collective_rpc",
+        ),
+        requires={"trl": affected("0.25.0"), "vllm": ">=0"},
+        witnesses={"trl": {"inside": ["0.25.0", "0.26.0", "0.28.0", "0.29.1", "1.0.0"], "outside": ["0.24.0", "0.23.1"]}},
+        impl="trl_compat.patches.vllm_sleep_mode_weights",
+        remove_when="trl_compat no longer supports TRL 0.25.0 - 0.29.1 (no 0.x release fixes it)",
+    ),
+    Patch(
+        id="tools-colocate-llm-attr",
+        summary="tools + vllm_mode='colocate': give GRPOTrainer the read-only llm attribute its tool loop reads "
+        "(the engine moved to vllm_generation.llm)",
+        symptom="AttributeError: 'GRPOTrainer' object has no attribute 'llm'",
+        upstream="https://github.com/huggingface/trl/issues/5301 (fixed by PR #5302 in 0.29.1)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer._tool_call_loop",
+        changes=("GRPOTrainer.llm",),
+        requires={"trl": affected("0.28.0", "0.29.1"), "vllm": ">=0"},
+        witnesses={"trl": {"inside": ["0.28.0", "0.29.0", "0.29.1.dev0"], "outside": ["0.27.2", "0.29.1"]}},
+        impl="trl_compat.patches.tools_colocate_llm_attr",
+        remove_when="TRL 0.28.x and 0.29.0 are no longer supported",
+    ),
 ]
 
 
