@@ -157,11 +157,13 @@ def test_state_machine_on_a_bare_engine(tmp_path):
     a no-op; level 1 keeps the weights; an unregistered engine is left alone."""
     _sleep_cell_or_skip()
     from trl_compat.patches import vllm_sleep_mode_weights as patch
+
     from vllm import LLM
 
     path = tiny.save_tiny(tmp_path / "m", "qwen2")
     llm = LLM(model=path, device="cpu", gpu_memory_utilization=0.5, dtype="float32", enable_sleep_mode=True)
     other = LLM(model=path, device="cpu", gpu_memory_utilization=0.5, dtype="float32", enable_sleep_mode=True)
+
     class Trainer:  # what the state machine touches of a trainer
         _last_loaded_step = 5
 
@@ -193,9 +195,9 @@ def test_state_machine_on_a_bare_engine(tmp_path):
 
 def test_probe_on_the_installed_trl():
     version = _trl_or_skip()
-    from trl.trainer import grpo_trainer
-
     from trl_compat.patches import vllm_sleep_mode_weights as patch
+
+    from trl.trainer import grpo_trainer
 
     kind, _ = patch.variant(grpo_trainer)
     expected = "0.28" if version >= (0, 28) else "0.26" if version >= (0, 26) else "0.25" if version >= (0, 25) else None

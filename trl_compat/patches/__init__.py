@@ -455,16 +455,23 @@ PATCHES = [
     ),
     Patch(
         id="fsdp2-vllm-sync",
-        summary="use_vllm + FSDP2: no weight reached vLLM (FSDP1-only sync); send the full FSDP2 weights",
-        symptom="silent: under FSDP2 vLLM generates from the initial weights for the whole run",
-        upstream="https://github.com/huggingface/trl/pull/3687 (fixed in 0.20.0; reported in PR #3670)",
+        summary="use_vllm + FSDP2: send the full FSDP2 weights (0.18/0.19: none reached vLLM), under the base "
+        "model's names with LoRA merged (0.20 - 0.25 sent PEFT's names)",
+        symptom=(
+            "silent: under FSDP2 vLLM generates from the initial weights for the whole run (0.18/0.19); "
+            "ValueError: There is no module or parameter named 'base_model' (LoRA, 0.20 - 0.25)"
+        ),
+        upstream="https://github.com/huggingface/trl/pull/3687 (fixed in 0.20.0; reported in PR #3670); "
+        "LoRA names: PR #4603 (fixed in 0.26.0)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",
-        changes=("GRPOTrainer._sync_fsdp_params_to_vllm",),
-        requires={"trl": affected("0.18.0", "0.20.0"), "vllm": ">=0"},
-        witnesses={"trl": {"inside": ["0.18.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.17.0", "0.20.0"]}},
+        changes=("GRPOTrainer._sync_fsdp_params_to_vllm", "GRPOTrainer._sync_fsdp2_params_to_vllm"),
+        requires={"trl": affected("0.18.0", "0.26.0"), "vllm": ">=0"},
+        witnesses={
+            "trl": {"inside": ["0.18.0", "0.19.1", "0.20.0", "0.24.0", "0.25.1", "0.26.0.dev0"], "outside": ["0.17.0", "0.26.0"]}
+        },
         impl="trl_compat.patches.fsdp2_vllm_sync",
-        remove_when="TRL 0.18.x and 0.19.x are no longer supported",
+        remove_when="TRL < 0.26 is no longer supported",
     ),
     # branch `sleep`: colocated vLLM of TRL 0.25+. vllm-sleep-mode-weights wraps __init__ only to
     # register the engine after TRL built it (every other __init__ wrapper's window ends before
