@@ -26,7 +26,7 @@ BY_ID = {patch.id: patch for patch in PATCHES}
 
 # Where a patch applies, its reason names what the probe found in the real code.
 APPLIED_REASONS = {
-    "fsdp2-vllm-sync": ["only syncs FSDP1", "generations change"],
+    "fsdp2-vllm-sync": ["FSDP2", "anything else runs TRL's code"],
     "grpo-eval-0.14": ["calls inputs.get(...)", "'list' object has no attribute 'get'"],
     "logps-attention-mask": ["without attention_mask"],
     "peft-optional": ["get_peft_model in GRPOTrainer.__init__"],
@@ -35,6 +35,8 @@ APPLIED_REASONS = {
         "GRPOTrainer._get_train_sampler(self) cannot take",
     ],
     "zero3-hooks-api": ["renamed to _register_deepspeed_module"],
+    "vllm-sleep-mode-weights": ["vllm_enable_sleep_mode", "syncs after every level-2 sleep"],
+    "tools-colocate-llm-attr": ["self.vllm_generation.llm", "AttributeError"],
 }
 
 # Where the gate says "not needed", the probe says so too from the fixed code: it is what decides

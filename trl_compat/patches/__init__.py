@@ -509,8 +509,12 @@ PATCHES = [
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer._tool_call_loop",
         changes=("GRPOTrainer.llm",),
-        requires={"trl": affected("0.28.0", "0.29.1"), "vllm": ">=0"},
-        witnesses={"trl": {"inside": ["0.28.0", "0.29.0", "0.29.1.dev0"], "outside": ["0.27.2", "0.29.1"]}},
+        # TRL 0.28 / 0.29.0 refuse tools on transformers < 5 (ImportError): the loop is reached on 5+ only
+        requires={"trl": affected("0.28.0", "0.29.1"), "transformers": affected("5.0.0"), "vllm": ">=0"},
+        witnesses={
+            "trl": {"inside": ["0.28.0", "0.29.0", "0.29.1.dev0"], "outside": ["0.27.2", "0.29.1"]},
+            "transformers": {"inside": ["5.0.0", "5.2.0"], "outside": ["4.57.6"]},
+        },
         impl="trl_compat.patches.tools_colocate_llm_attr",
         remove_when="TRL 0.28.x and 0.29.0 are no longer supported",
     ),

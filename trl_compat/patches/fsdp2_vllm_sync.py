@@ -28,8 +28,8 @@ Affected: TRL 0.18.0 - 0.19.1 (colocate and server modes), with FSDP2 only. FSDP
 and single-process runs take other paths and are left alone.
 
 Probe (0.18/0.19): the source of ``GRPOTrainer._sync_fsdp_params_to_vllm`` tests ``isinstance(module, FSDP)``
-and neither it nor ``_move_model_to_vllm`` knows FSDP2 (``full_tensor``, ``fsdp_version``). TRL
-0.20's ``_sync_fsdp1_params_to_vllm``/``_sync_fsdp2_params_to_vllm`` give "not needed". Whether a
+and neither it nor ``_move_model_to_vllm`` knows FSDP2 (``full_tensor``, ``fsdp_version``). From
+0.20 the FSDP2 sync is TRL's own (the second bug, above, is probed there). Whether a
 run uses FSDP2 is only known at the sync, so the patch is applied to the class and acts only when
 the module handed to the sync is FSDP2-sharded (a ``torch.distributed.fsdp.FSDPModule`` in it) and
 holds no FSDP1 module; any other call runs TRL's own code.
@@ -86,7 +86,7 @@ def _probe_fsdp2_sync(cls):
     if "module.state_dict()" not in sync or "full_tensor()" not in sync or "load_weights" not in sync:
         return undecided(f"GRPOTrainer.{FSDP2_METHOD} is not the state_dict walk this patch knows")
     return needed(
-        f"GRPOTrainer.{FSDP2_METHOD} sends module.state_dict() names as they are: with LoRA, vLLM gets "
+        f"GRPOTrainer.{FSDP2_METHOD} sends module.state_dict() names as they are: with LoRA under FSDP2, vLLM gets "
         "base_model.model....base_layer and lora_A/B names and raises ValueError at the first sync; the patch "
         "sends the merged weights under the base model's names for PEFT models, anything else runs TRL's code"
     )

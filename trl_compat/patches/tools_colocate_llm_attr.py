@@ -8,7 +8,9 @@ The bug (TRL #5301): PR #4700 (0.28.0) moved the colocated engine from ``GRPOTra
 ``self.llm.llm_engine.model_config.max_model_len`` when ``use_vllm`` and
 ``vllm_mode == "colocate"``. The first batch with a tool call raises
 ``AttributeError: 'GRPOTrainer' object has no attribute 'llm'``. Affected: TRL 0.28.0 - 0.29.0
-(and main-branch builds between #4700 and #5302), with ``tools=[...]`` and colocated vLLM.
+(and main-branch builds between #4700 and #5302), with ``tools=[...]`` and colocated vLLM, on
+transformers >= 5 (these releases refuse ``tools`` on transformers < 5 with an ImportError, so the
+window requires transformers 5).
 
 Probe: "needed" where ``GRPOTrainer._tool_call_loop`` reads ``self.llm.llm_engine`` while nothing
 in ``GRPOTrainer.__init__`` assigns ``self.llm`` and ``__init__`` builds ``self.vllm_generation``;
