@@ -37,6 +37,12 @@ class StructuredOutputsParams:
     json_object: Optional[bool] = None
 
 
+def _zero_top_k_disables() -> bool:
+    import vllm
+
+    return tuple(int(p) for p in vllm.__version__.split(".")[:2]) >= (0, 10)
+
+
 @dataclass
 class SamplingParams:
     n: int = 1
@@ -65,6 +71,7 @@ class SamplingParams:
     truncate_prompt_tokens: Optional[int] = None
     output_kind: Any = None
     guided_decoding: Optional[GuidedDecodingParams] = None
+    structured_outputs: Optional[StructuredOutputsParams] = None  # vLLM >= 0.11's name (TRL 0.26+ passes it)
     logit_bias: Optional[dict] = None
     allowed_token_ids: Optional[list] = None
 
@@ -75,6 +82,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if self.top_k == 0 and _zero_top_k_disables():
+            self.top_k = -1  # vLLM 0.10+: top_k=0 disables top-k (TRL 0.26+'s default is 0)
         if self.top_k < -1 or self.top_k == 0:
             raise ValueError(f"top_k must be -1 (disable), or at least 1, got {self.top_k}.")
         if self.logprobs is not None and self.logprobs < 0:
