@@ -52,6 +52,10 @@ def _window_or_skip():
     version = _trl_or_skip()
     if not (0, 28, 0) <= version < (0, 29, 1):
         pytest.skip("the tool loop reads self.llm in TRL 0.28.0 - 0.29.0 only")
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        pytest.skip("TRL 0.28 / 0.29.0 take tools only on transformers >= 5 (cell trl0.28.0-tf5.2.0)")
     reason = grpo_run.vllm_unsupported_reason()
     if reason is not None:
         pytest.skip(reason)
