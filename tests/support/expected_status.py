@@ -100,7 +100,7 @@ APPLIED = {
     "trl0.20.0-tf4.53.3": {"vllm-double-bos"},
     "trl0.22.1-tf4.55.4": {"vllm-double-bos"},
     "trl0.22.2-tf4.55.4": {"vllm-double-bos"},
-    "trl0.23.1-tf4.56.2": {"vllm-double-bos"},
+    "trl0.23.1-tf4.56.2": {"vllm-double-bos", "vllm-is-raw-logprobs"},
     "trl0.24.0-tf4.57.1": set(),
     "trl0.26.0-tf4.57.3": set(),
     "trl0.26.2-tf4.57.3": set(),

@@ -466,6 +466,42 @@ PATCHES = [
         impl="trl_compat.patches.fsdp2_vllm_sync",
         remove_when="TRL 0.18.x and 0.19.x are no longer supported",
     ),
+    # -- branch standin: vLLM's raw log-probs in TRL's importance-sampling correction (0.23+) --------
+    # Two ids for one bug: the registry takes one trigger module per patch, and the server half runs
+    # in the `trl vllm-serve` process (trl.scripts.vllm_serve), not the trainer's. Both replace only
+    # their module's `LLM` global, which no other patch changes.
+    Patch(
+        id="vllm-is-raw-logprobs",
+        summary="use_vllm colocate: vLLM's raw (temperature 1) log-probs fed the IS ratio; build the engine with processed ones",
+        symptom="silent: importance-sampling ratio far from 1 (at the cap at low temperature); token losses reweighted wrongly",
+        upstream="https://github.com/huggingface/trl/issues/4159 (fixed for colocate in 0.24.0 by PR #4163)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
+        changes=("LLM",),
+        requires={"trl": affected("0.23.0", "0.24.0"), "vllm": affected("0.10.0")},
+        witnesses={
+            "trl": {"inside": ["0.23.0", "0.23.1", "0.24.0.dev0"], "outside": ["0.22.2", "0.24.0"]},
+            "vllm": {"inside": ["0.10.0", "0.10.2"], "outside": ["0.9.1"]},
+        },
+        impl="trl_compat.patches.vllm_is_raw_logprobs",
+        remove_when="TRL 0.23.x is no longer supported",
+    ),
+    Patch(
+        id="vllm-serve-raw-logprobs",
+        summary="trl vllm-serve: the server's vLLM returned raw (temperature 1) log-probs to the IS ratio; use processed ones",
+        symptom="silent: importance-sampling ratio far from 1 in server mode; with sequence_mask most sequences dropped (#4772)",
+        upstream="https://github.com/huggingface/trl/pull/4873 (fixed in 0.27.1; server half of TRL issue #4159)",
+        trigger="trl.scripts.vllm_serve",
+        must_exist="llm_worker",
+        changes=("LLM",),
+        requires={"trl": affected("0.23.0", "0.27.1"), "vllm": affected("0.10.0")},
+        witnesses={
+            "trl": {"inside": ["0.23.0", "0.24.0", "0.27.0", "0.27.1.dev0"], "outside": ["0.22.2", "0.27.1"]},
+            "vllm": {"inside": ["0.10.0", "0.12.0"], "outside": ["0.9.1"]},
+        },
+        impl="trl_compat.patches.vllm_serve_raw_logprobs",
+        remove_when="TRL < 0.27.1 is no longer supported",
+    ),
 ]
 
 
