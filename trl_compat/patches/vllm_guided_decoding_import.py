@@ -88,7 +88,7 @@ def probe(module):
 def guided_decoding_params(structured_outputs_params):
     """``GuidedDecodingParams(**kwargs)`` as vLLM < 0.12 took it, built as ``StructuredOutputsParams``."""
 
-    def GuidedDecodingParams(*args, **kwargs):  # noqa: N802 - the name TRL imports
+    def GuidedDecodingParams(*args, **kwargs):
         backend = kwargs.pop("backend", None)
         if backend is not None:
             log.debug("trl_compat: %s: GuidedDecodingParams(backend=%r) dropped: vLLM >= 0.12 sets it per engine", PATCH_ID, backend)
@@ -111,7 +111,7 @@ def renaming(original):
     """``SamplingParams`` that passes ``guided_decoding=`` on as ``structured_outputs=``."""
 
     @functools.wraps(original, updated=())
-    def SamplingParams(*args, **kwargs):  # noqa: N802 - the global TRL calls
+    def SamplingParams(*args, **kwargs):
         if "guided_decoding" in kwargs:
             value = kwargs.pop("guided_decoding")
             kwargs.setdefault("structured_outputs", value)
