@@ -130,7 +130,7 @@ class SamplingParams:
             "logit_bias",
             "allowed_token_ids",
         ):
-            if getattr(self, name) != defaults[name]:
+            if name in defaults and getattr(self, name) != defaults[name]:  # a field this version lacks
                 bad.append(name)
         if self.best_of is not None and self.best_of != self.n:
             bad.append("best_of")
