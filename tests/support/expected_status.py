@@ -95,11 +95,12 @@ APPLIED = {
     # no vLLM in the 0.19.1 cells: fsdp2-vllm-sync (like every vLLM patch) says "not needed: vllm is not installed"
     "trl0.19.1-tf4.53.3": {"logits-to-keep"},
     "trl0.19.1-tf5.23.0": {"logits-to-keep", "transformers5-import", "transformers5-use-cache", "transformers5-warnings-issued"},
-    # TRL 0.20 -> 0.29.1 with the transformers 4.x of their day, no vLLM (the stand-in emulates vLLM
-    # 0.7-0.9, not the 0.10+ APIs these releases import), deepspeed in trl0.24.0 only: every patch ends before 0.20
+    # TRL 0.20 -> 0.29.1 with the transformers 4.x of their day and the vLLM stand-in as the vLLM of
+    # their day (0.10.0 - 0.12.0; 0.14.0 in trl0.26.2), deepspeed in trl0.24.0 only
     "trl0.20.0-tf4.53.3": set(),
     "trl0.22.1-tf4.55.4": set(),
     "trl0.22.2-tf4.55.4": set(),
+    "trl0.23.1-tf4.56.2": set(),
     "trl0.24.0-tf4.57.1": set(),
     "trl0.26.0-tf4.57.3": {"tools-empty-list-server"},  # vLLM (stand-in) 0.11.2: before vllm-guided-decoding-import's 0.12
     "trl0.26.2-tf4.57.3": {"vllm-guided-decoding-import", "vllm-serve-get-open-port"},  # vLLM (stand-in) 0.14.0

@@ -1,7 +1,7 @@
 """Stand-in for ``vllm.sampling_params`` (vLLM 0.7.2 field names and defaults).
 
 Unknown keyword arguments raise ``TypeError`` (as vLLM's msgspec struct does). Fields the stand-in
-cannot honour when generating (``logprobs``, ``prompt_logprobs``, ``stop`` strings, ``guided_decoding``,
+cannot honour when generating (``prompt_logprobs``, ``stop`` strings, ``guided_decoding``,
 ``logits_processors``, ``best_of`` > n, penalties other than ``repetition_penalty``, ...) are accepted
 here and rejected with ``NotImplementedError`` by ``LLM.generate``.
 
@@ -102,6 +102,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
         if self.top_k < -1 or self.top_k == 0:
             raise ValueError(f"top_k must be -1 (disable), or at least 1, got {self.top_k}.")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError(f"logprobs must be non-negative, got {self.logprobs}.")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
         if self.stop_token_ids is None:
@@ -121,10 +123,8 @@ class SamplingParams:
             "frequency_penalty",
             "stop",
             "bad_words",
-            "logprobs",
             "prompt_logprobs",
             "logits_processors",
-            "truncate_prompt_tokens",
             "guided_decoding",
             "structured_outputs",
             "logit_bias",
