@@ -142,6 +142,7 @@ def test_standin_module_layout_follows_its_version():
     """vLLM 0.11 added ``structured_outputs``, 0.12 removed ``GuidedDecodingParams`` and
     ``guided_decoding=`` (PR #29326), 0.14 removed ``vllm.utils.get_open_port`` (TRL PR #4883's table)."""
     import importlib
+    import importlib.metadata
 
     from packaging.version import Version
 
