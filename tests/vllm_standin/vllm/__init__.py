@@ -130,6 +130,11 @@ __stand_in__ = True  # lets tests tell this apart from a real vLLM
 
 from .entrypoints.llm import LLM
 from .outputs import CompletionOutput, RequestOutput
-from .sampling_params import GuidedDecodingParams, SamplingParams
+from .sampling_params import GUIDED_DECODING as _GUIDED_DECODING
+from .sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "GuidedDecodingParams", "RequestOutput", "CompletionOutput", "__version__"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
+if _GUIDED_DECODING:  # gone from 0.12.0 (see sampling_params.py)
+    from .sampling_params import GuidedDecodingParams  # noqa: F401
+
+    __all__.append("GuidedDecodingParams")

@@ -4,26 +4,48 @@ Unknown keyword arguments raise ``TypeError`` (as vLLM's msgspec struct does). F
 cannot honour when generating (``prompt_logprobs``, ``stop`` strings, ``guided_decoding``,
 ``logits_processors``, ``best_of`` > n, penalties other than ``repetition_penalty``, ...) are accepted
 here and rejected with ``NotImplementedError`` by ``LLM.generate``.
+
+Its layout follows the installed version (the stand-in's distribution version): from 0.11.0
+``SamplingParams`` also takes ``structured_outputs=`` (vLLM PR #22772; TRL 0.27 passes it for
+vLLM > 0.10.2); from 0.12.0 ``GuidedDecodingParams`` is gone and ``guided_decoding=`` is an
+unknown keyword (vLLM PR #29326, "scheduled removal of guided_*"), so TRL 0.18 - 0.26's
+``from vllm.sampling_params import GuidedDecodingParams`` fails as it does on vLLM 0.12.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
+import re
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 
-@dataclass
-class GuidedDecodingParams:
-    """Placeholder with vLLM 0.7.2's fields; guided decoding itself is not implemented."""
+def _installed_version() -> tuple:
+    try:
+        version = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:  # imported from the source tree
+        version = "0.7.2"
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
 
-    json: Optional[Union[str, dict]] = None
-    regex: Optional[str] = None
-    choice: Optional[list] = None
-    grammar: Optional[str] = None
-    json_object: Optional[bool] = None
-    backend: Optional[str] = None
-    whitespace_pattern: Optional[str] = None
+
+STRUCTURED_OUTPUTS = _installed_version() >= (0, 11)  # SamplingParams(structured_outputs=...)
+GUIDED_DECODING = _installed_version() < (0, 12)  # GuidedDecodingParams, SamplingParams(guided_decoding=...)
+
+
+if GUIDED_DECODING:
+
+    @dataclass
+    class GuidedDecodingParams:
+        """Placeholder with vLLM 0.7.2's fields; guided decoding itself is not implemented."""
+
+        json: Optional[Union[str, dict]] = None
+        regex: Optional[str] = None
+        choice: Optional[list] = None
+        grammar: Optional[str] = None
+        json_object: Optional[bool] = None
+        backend: Optional[str] = None
+        whitespace_pattern: Optional[str] = None
 
 
 @dataclass
@@ -64,7 +86,10 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     truncate_prompt_tokens: Optional[int] = None
     output_kind: Any = None
-    guided_decoding: Optional[GuidedDecodingParams] = None
+    if GUIDED_DECODING:
+        guided_decoding: Optional[Any] = None
+    if STRUCTURED_OUTPUTS:
+        structured_outputs: Optional[StructuredOutputsParams] = None
     logit_bias: Optional[dict] = None
     allowed_token_ids: Optional[list] = None
 
@@ -101,10 +126,11 @@ class SamplingParams:
             "prompt_logprobs",
             "logits_processors",
             "guided_decoding",
+            "structured_outputs",
             "logit_bias",
             "allowed_token_ids",
         ):
-            if getattr(self, name) != defaults[name]:
+            if name in defaults and getattr(self, name) != defaults[name]:  # a field this version lacks
                 bad.append(name)
         if self.best_of is not None and self.best_of != self.n:
             bad.append("best_of")
