@@ -578,5 +578,6 @@ def test_grpo_vllm_colocate_0_2x_trains_on_standin_completions(tmp_path):
     trained = [row[mask.bool()].tolist() for row, mask in zip(batch["completion_ids"], batch["completion_mask"])]
     assert trained == returned  # what TRL trains on is what the stand-in generated
     assert llm.model.received_names and set().union(*llm.model.received_names) <= set(trainer.model.state_dict())
-    if "sampling_per_token_logps" in batch:  # TRL >= 0.23: the stand-in's logprobs feed the IS correction
-        assert torch.isfinite(batch["sampling_per_token_logps"][batch["completion_mask"].bool()]).all()
+    if "importance_sampling_ratio" in batch:  # TRL >= 0.23: the stand-in's logprobs feed the IS correction
+        ratio = batch["importance_sampling_ratio"][batch["completion_mask"].bool()]
+        assert torch.isfinite(ratio).all() and ratio.numel()

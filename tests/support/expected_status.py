@@ -100,10 +100,12 @@ APPLIED = {
     "trl0.20.0-tf4.53.3": {"vllm-double-bos"},
     "trl0.22.1-tf4.55.4": {"vllm-double-bos"},
     "trl0.22.2-tf4.55.4": {"vllm-double-bos"},
-    "trl0.23.1-tf4.56.2": {"vllm-double-bos", "vllm-is-raw-logprobs"},
-    "trl0.24.0-tf4.57.1": set(),
-    "trl0.26.0-tf4.57.3": {"tools-empty-list-server"},  # vLLM (stand-in) 0.11.2: before vllm-guided-decoding-import's 0.12
-    "trl0.26.2-tf4.57.3": {"vllm-guided-decoding-import", "vllm-serve-get-open-port"},  # vLLM (stand-in) 0.14.0
+    "trl0.23.1-tf4.56.2": {"vllm-double-bos", "vllm-is-raw-logprobs", "vllm-serve-raw-logprobs"},
+    "trl0.24.0-tf4.57.1": {"vllm-serve-raw-logprobs"},
+    # vLLM (stand-in) 0.11.2: before vllm-guided-decoding-import's 0.12
+    "trl0.26.0-tf4.57.3": {"tools-empty-list-server", "vllm-serve-raw-logprobs"},
+    # vLLM (stand-in) 0.14.0
+    "trl0.26.2-tf4.57.3": {"vllm-guided-decoding-import", "vllm-serve-get-open-port", "vllm-serve-raw-logprobs"},
     "trl0.28.0-tf4.57.6": set(),
     "trl0.29.1-tf4.57.6": set(),
     "trl-newest": set(),
