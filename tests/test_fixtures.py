@@ -579,5 +579,5 @@ def test_grpo_vllm_colocate_0_2x_trains_on_standin_completions(tmp_path):
     assert trained == returned  # what TRL trains on is what the stand-in generated
     assert llm.model.received_names and set().union(*llm.model.received_names) <= set(trainer.model.state_dict())
     if "importance_sampling_ratio" in batch:  # TRL >= 0.23: the stand-in's logprobs feed the IS correction
-        ratio = batch["importance_sampling_ratio"][batch["completion_mask"].bool()]
-        assert torch.isfinite(ratio).all() and ratio.numel()
+        ratio = batch["importance_sampling_ratio"]  # per token, or per sequence (0.26+'s sequence modes)
+        assert torch.isfinite(ratio).all() and ratio.shape[0] == len(trained)

@@ -100,6 +100,10 @@ class SamplingParams:
             raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if self.top_k == 0 and _installed_version() >= (0, 10):
+            # newer vLLM reads 0 as "disabled", like -1 (vLLM #17553; checked here from 0.10, the
+            # release TRL 0.28's default top_k=0 meets first; the exact vLLM release is not checked)
+            self.top_k = -1
         if self.top_k < -1 or self.top_k == 0:
             raise ValueError(f"top_k must be -1 (disable), or at least 1, got {self.top_k}.")
         if self.logprobs is not None and self.logprobs < 0:
