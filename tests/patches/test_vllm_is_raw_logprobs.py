@@ -49,7 +49,6 @@ def _scaled_model():
 def _run(tmp_path):
     """One real GRPO step on the stand-in at temperature 0.7; returns (the batch TRL scored, its logs)."""
     import grpo_run
-
     import tiny
 
     path = tiny.save_tiny(tmp_path / "scaled", model=_scaled_model())  # vLLM loads it by path
