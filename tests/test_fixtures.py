@@ -558,7 +558,9 @@ def test_grpo_vllm_colocate_0_2x_trains_on_standin_completions(tmp_path):
     (and, from 0.23, their sampling log-probs) are the ones the stand-in returned."""
     trainer = grpo_run.make_trainer(tmp_path, model="qwen2", use_vllm=True, steps=1)
     llm = grpo_run.trainer_llm(trainer)
-    assert type(llm).__module__ == "vllm.entrypoints.llm" and llm.init_kwargs["distributed_executor_backend"] == "external_launcher"
+    from vllm.entrypoints.llm import LLM
+
+    assert isinstance(llm, LLM) and llm.init_kwargs["distributed_executor_backend"] == "external_launcher"
     batches = []
     original = trainer._generate_and_score_completions
 
