@@ -111,7 +111,17 @@ def test_standin_identity():
     # ./tests/vllm_standin is vLLM 0.7.2 (TRL 0.14/0.15 cells); the same code as 0.8.5 from
     # ./tests/vllm_standin/v0.8.5 (trl0.15.2-tf4.52.4), as 0.9.1 from ./tests/vllm_standin/v0.9.1, and
     # as 0.10.0 - 0.12.0 (the TRL 0.20 - 0.29 cells) from the directories of those names
-    assert importlib.metadata.version("vllm") in {"0.7.2", "0.8.5", "0.9.1", "0.10.0", "0.10.1.1", "0.10.2", "0.11.2", "0.12.0"}
+    assert importlib.metadata.version("vllm") in {
+        "0.7.2",
+        "0.8.5",
+        "0.9.1",
+        "0.10.0",
+        "0.10.1.1",
+        "0.10.2",
+        "0.11.2",
+        "0.12.0",
+        "0.14.0",
+    }
     assert vllm.__version__ == importlib.metadata.version("vllm")
     assert vllm.__stand_in__ is True
     from trl.import_utils import is_vllm_available
@@ -121,11 +131,37 @@ def test_standin_identity():
     from vllm import LLM, SamplingParams  # noqa: F401
     from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator  # noqa: F401
     from vllm.distributed.utils import StatelessProcessGroup  # noqa: F401
-    from vllm.sampling_params import GuidedDecodingParams  # noqa: F401
     from vllm.worker.worker import Worker
 
     assert callable(Worker._assert_memory_footprint_increased_during_profiling)
     import trl.trainer.grpo_trainer  # noqa: F401  (imports vllm at module level when available)
+
+
+@requires_standin
+def test_standin_module_layout_follows_its_version():
+    """vLLM 0.11 added ``structured_outputs``, 0.12 removed ``GuidedDecodingParams`` and
+    ``guided_decoding=`` (PR #29326), 0.14 removed ``vllm.utils.get_open_port`` (TRL PR #4883's table)."""
+    import importlib
+    import importlib.metadata
+
+    from packaging.version import Version
+
+    version = Version(importlib.metadata.version("vllm"))
+    sampling_params = importlib.import_module("vllm.sampling_params")
+    utils = importlib.import_module("vllm.utils")
+    # the module as vLLM built it, without what trl_compat's patches may have added since
+    has = lambda module, name: name in vars(module) and not hasattr(vars(module)[name], "__trl_compat_patch__")  # noqa: E731
+    assert has(sampling_params, "GuidedDecodingParams") is (version < Version("0.12.0"))
+    assert has(utils, "get_open_port") is (version < Version("0.14.0"))
+    fields = set(sampling_params.SamplingParams.__dataclass_fields__)
+    assert ("guided_decoding" in fields) is (version < Version("0.12.0"))
+    assert ("structured_outputs" in fields) is (version >= Version("0.11.0"))
+    if version >= Version("0.12.0"):
+        with pytest.raises(TypeError, match="unexpected keyword argument 'guided_decoding'"):
+            sampling_params.SamplingParams(guided_decoding=None)
+    from vllm.utils.network_utils import get_open_port
+
+    assert get_open_port() > 0
 
 
 @requires_standin
@@ -522,7 +558,9 @@ def test_grpo_vllm_colocate_0_2x_trains_on_standin_completions(tmp_path):
     (and, from 0.23, their sampling log-probs) are the ones the stand-in returned."""
     trainer = grpo_run.make_trainer(tmp_path, model="qwen2", use_vllm=True, steps=1)
     llm = grpo_run.trainer_llm(trainer)
-    assert type(llm).__module__ == "vllm.entrypoints.llm" and llm.init_kwargs["distributed_executor_backend"] == "external_launcher"
+    from vllm.entrypoints.llm import LLM
+
+    assert isinstance(llm, LLM) and llm.init_kwargs["distributed_executor_backend"] == "external_launcher"
     batches = []
     original = trainer._generate_and_score_completions
 
@@ -542,5 +580,6 @@ def test_grpo_vllm_colocate_0_2x_trains_on_standin_completions(tmp_path):
     trained = [row[mask.bool()].tolist() for row, mask in zip(batch["completion_ids"], batch["completion_mask"])]
     assert trained == returned  # what TRL trains on is what the stand-in generated
     assert llm.model.received_names and set().union(*llm.model.received_names) <= set(trainer.model.state_dict())
-    if "sampling_per_token_logps" in batch:  # TRL >= 0.23: the stand-in's logprobs feed the IS correction
-        assert torch.isfinite(batch["sampling_per_token_logps"][batch["completion_mask"].bool()]).all()
+    if "importance_sampling_ratio" in batch:  # TRL >= 0.23: the stand-in's logprobs feed the IS correction
+        ratio = batch["importance_sampling_ratio"]  # per token, or per sequence (0.26+'s sequence modes)
+        assert torch.isfinite(ratio).all() and ratio.shape[0] == len(trained)

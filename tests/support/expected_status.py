@@ -97,14 +97,22 @@ APPLIED = {
     "trl0.19.1-tf5.23.0": {"logits-to-keep", "transformers5-import", "transformers5-use-cache", "transformers5-warnings-issued"},
     # TRL 0.20 -> 0.29.1 with the transformers 4.x of their day and the vLLM stand-in as the vLLM of
     # their day (0.10.0 - 0.12.0; 0.14.0 in trl0.26.2), deepspeed in trl0.24.0 only
-    "trl0.20.0-tf4.53.3": {"fsdp2-vllm-sync"},
-    "trl0.22.1-tf4.55.4": {"fsdp2-vllm-sync"},
-    "trl0.22.2-tf4.55.4": {"fsdp2-vllm-sync"},
-    "trl0.23.1-tf4.56.2": {"fsdp2-vllm-sync"},
-    "trl0.24.0-tf4.57.1": {"fsdp2-vllm-sync"},
-    "trl0.26.0-tf4.57.3": {"vllm-sleep-mode-weights"},
-    "trl0.26.2-tf4.57.3": set(),
+    "trl0.20.0-tf4.53.3": {"fsdp2-vllm-sync", "vllm-double-bos"},
+    "trl0.22.1-tf4.55.4": {"fsdp2-vllm-sync", "vllm-double-bos"},
+    "trl0.22.2-tf4.55.4": {"fsdp2-vllm-sync", "vllm-double-bos"},
+    "trl0.23.1-tf4.56.2": {"fsdp2-vllm-sync", "vllm-double-bos", "vllm-is-raw-logprobs", "vllm-serve-raw-logprobs"},
+    "trl0.24.0-tf4.57.1": {"fsdp2-vllm-sync", "vllm-serve-raw-logprobs"},
+    # vLLM (stand-in) 0.11.2: before vllm-guided-decoding-import's 0.12
+    "trl0.26.0-tf4.57.3": {"tools-empty-list-server", "vllm-serve-raw-logprobs", "vllm-sleep-mode-weights"},
+    # vLLM (stand-in) 0.14.0
+    "trl0.26.2-tf4.57.3": {
+        "vllm-guided-decoding-import",
+        "vllm-serve-get-open-port",
+        "vllm-serve-raw-logprobs",
+        "vllm-sleep-mode-weights",
+    },
     "trl0.28.0-tf4.57.6": {"vllm-sleep-mode-weights"},
+    # transformers 5: TRL 0.28 takes tools=[...]
     "trl0.28.0-tf5.2.0": {"tools-colocate-llm-attr", "vllm-sleep-mode-weights"},
     "trl0.29.1-tf4.57.6": {"vllm-sleep-mode-weights"},
     "trl-newest": set(),

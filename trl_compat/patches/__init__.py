@@ -432,8 +432,8 @@ PATCHES = [
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",
         changes=PROMPT_GENERATION,
-        requires={"trl": affected("0.14.0", "0.20.0"), "vllm": ">=0"},
-        witnesses={"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0"]}},
+        requires={"trl": affected("0.14.0", "0.24.0"), "vllm": ">=0"},
+        witnesses={"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0", "0.23.1", "0.24.0.dev0"], "outside": ["0.24.0"]}},
         impl="trl_compat.patches.vllm_double_bos",
         remove_when="TRL < 0.24 is no longer supported",
     ),
@@ -517,6 +517,97 @@ PATCHES = [
         },
         impl="trl_compat.patches.tools_colocate_llm_attr",
         remove_when="TRL 0.28.x and 0.29.0 are no longer supported",
+    ),
+    # -- branch standin: vLLM's raw log-probs in TRL's importance-sampling correction (0.23+) --------
+    # Two ids for one bug: the registry takes one trigger module per patch, and the server half runs
+    # in the `trl vllm-serve` process (trl.scripts.vllm_serve), not the trainer's. Both replace only
+    # their module's `LLM` global, which no other patch changes.
+    Patch(
+        id="vllm-is-raw-logprobs",
+        summary="use_vllm colocate: vLLM's raw (temperature 1) log-probs fed the IS ratio; build the engine with processed ones",
+        symptom="silent: importance-sampling ratio far from 1 (at the cap at low temperature); token losses reweighted wrongly",
+        upstream="https://github.com/huggingface/trl/issues/4159 (fixed for colocate in 0.24.0 by PR #4163)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
+        changes=("LLM",),
+        requires={"trl": affected("0.23.0", "0.24.0"), "vllm": affected("0.10.0")},
+        witnesses={
+            "trl": {"inside": ["0.23.0", "0.23.1", "0.24.0.dev0"], "outside": ["0.22.2", "0.24.0"]},
+            "vllm": {"inside": ["0.10.0", "0.10.2"], "outside": ["0.9.1"]},
+        },
+        impl="trl_compat.patches.vllm_is_raw_logprobs",
+        remove_when="TRL 0.23.x is no longer supported",
+    ),
+    Patch(
+        id="vllm-serve-raw-logprobs",
+        summary="trl vllm-serve: the server's vLLM returned raw (temperature 1) log-probs to the IS ratio; use processed ones",
+        symptom="silent: importance-sampling ratio far from 1 in server mode; with sequence_mask most sequences dropped (#4772)",
+        upstream="https://github.com/huggingface/trl/pull/4873 (fixed in 0.27.1; server half of TRL issue #4159)",
+        trigger="trl.scripts.vllm_serve",
+        must_exist="llm_worker",
+        changes=("LLM",),
+        requires={"trl": affected("0.23.0", "0.27.1"), "vllm": affected("0.10.0")},
+        witnesses={
+            "trl": {"inside": ["0.23.0", "0.24.0", "0.27.0", "0.27.1.dev0"], "outside": ["0.22.2", "0.27.1"]},
+            "vllm": {"inside": ["0.10.0", "0.12.0"], "outside": ["0.9.1"]},
+        },
+        impl="trl_compat.patches.vllm_serve_raw_logprobs",
+        remove_when="TRL < 0.27.1 is no longer supported",
+    ),
+    # -- imports: TRL 0.16 - 0.27 next to newer vLLM releases, and TRL 0.26.0's server-mode chat --
+    Patch(
+        id="vllm-guided-decoding-import",
+        summary="vLLM >= 0.12: GuidedDecodingParams put back (built as StructuredOutputsParams); TRL's guided_decoding= "
+        "passed to SamplingParams as structured_outputs=",
+        symptom="`from trl import GRPOTrainer` (or `trl vllm-serve`): ImportError: cannot import name 'GuidedDecodingParams' "
+        "from 'vllm.sampling_params'",
+        upstream="https://github.com/huggingface/trl/issues/4617 (vLLM PR #29326 removed the name; fixed by TRL PR #4117 in 0.27.0)",
+        # The package: it is imported before the TRL modules that import the name, whose own import
+        # would be too late a trigger (see the patch's docstring).
+        trigger="trl",
+        must_exist="__version__",
+        changes=(
+            "vllm.sampling_params:GuidedDecodingParams",
+            "trl.trainer.grpo_trainer:SamplingParams",
+            "trl.scripts.vllm_serve:SamplingParams",
+        ),
+        # trl: vllm-serve from 0.16.0, the GRPO trainer from 0.18.0 (the probe reads which).
+        requires={"trl": affected("0.16.0", "0.27.0"), "vllm": affected("0.12.0")},
+        witnesses={
+            "trl": {"inside": ["0.16.0", "0.18.0", "0.26.2", "0.27.0.dev0"], "outside": ["0.15.2", "0.27.0"]},
+            "vllm": {"inside": ["0.12.0", "0.14.0"], "outside": ["0.11.2"]},
+        },
+        impl="trl_compat.patches.vllm_guided_decoding_import",
+        remove_when="trl_compat no longer supports TRL < 0.27.0",
+    ),
+    Patch(
+        id="vllm-serve-get-open-port",
+        summary="vLLM >= 0.14: vllm.utils.get_open_port re-exported from vllm.utils.network_utils, so `trl vllm-serve` starts",
+        symptom="`trl vllm-serve`: ImportError: cannot import name 'get_open_port' from 'vllm.utils'",
+        upstream="https://github.com/huggingface/trl/pull/4883 (fixed in 0.28.0)",
+        trigger="vllm.utils",
+        must_exist="__name__",  # the module itself: what the patch adds is the name it lacks
+        changes=("get_open_port",),
+        requires={"trl": affected("0.17.0", "0.28.0"), "vllm": affected("0.14.0")},
+        witnesses={
+            "trl": {"inside": ["0.17.0", "0.26.2", "0.27.2", "0.28.0.dev0"], "outside": ["0.16.0", "0.28.0"]},
+            "vllm": {"inside": ["0.14.0"], "outside": ["0.13.0", "0.12.0"]},
+        },
+        impl="trl_compat.patches.vllm_serve_get_open_port",
+        remove_when="trl_compat no longer supports TRL < 0.28.0",
+    ),
+    Patch(
+        id="tools-empty-list-server",
+        summary="TRL 0.26.0 server mode: tools=[] reaches VLLMClient.chat as None, so chat prompts without tools generate",
+        symptom="NotImplementedError: Tool calling is not yet implemented in VLLMClient.chat().",
+        upstream="https://github.com/huggingface/trl/pull/4663 (fixed in 0.26.1)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",  # the trainer binds VLLMClient from trl.extras.vllm_client, whose chat is wrapped
+        changes=("trl.extras.vllm_client:VLLMClient.chat",),
+        requires={"trl": affected("0.26.0", "0.26.1"), "vllm": ">=0"},  # use_vllm=True needs vLLM installed
+        witnesses={"trl": {"inside": ["0.26.0", "0.26.1.dev0"], "outside": ["0.25.1", "0.26.1"]}},
+        impl="trl_compat.patches.tools_empty_list_server",
+        remove_when="trl_compat no longer supports TRL 0.26.0",
     ),
 ]
 

@@ -1,5 +1,5 @@
 """TEST-ONLY stand-in for vLLM 0.7.2 (distribution name ``vllm``, version ``0.7.2``; installed
-from ``tests/vllm_standin/v<X>`` (v0.8.5, v0.9.1, v0.10.0, v0.10.1.1, v0.10.2, v0.11.2, v0.12.0) the
+from ``tests/vllm_standin/v<X>`` (v0.8.5, v0.9.1, v0.10.0, v0.10.1.1, v0.10.2, v0.11.2, v0.12.0, v0.14.0) the
 same code calls itself that version and behaves as that release does where noted below).
 
 This is NOT vLLM. It lives in trl_compat's ``tests/vllm_standin`` and is installed into test
@@ -117,7 +117,8 @@ max_num_batched_tokens=4096, model_impl=..., enable_sleep_mode=..., logprobs_mod
 (0.24+), quantization=None (0.26+))``, generates (``generate``; ``chat`` for conversational prompts in
 0.25 - 0.27; token prompts from 0.28), reads ``output.logprobs`` (``SamplingParams(logprobs=0)``) and,
 with sleep mode on, calls ``sleep`` / ``wake_up`` / ``collective_rpc("reload_weights")``.
-Version-dependent here: the engine choice, the ``EngineArgs`` fields, ``logprobs_mode``.
+Version-dependent here: the engine choice, the ``EngineArgs`` fields, ``logprobs_mode``, ``top_k=0``
+(disabled from 0.10), and the module layout of ``vllm/sampling_params.py`` / ``vllm.utils`` (0.11, 0.12, 0.14).
 """
 
 import importlib.metadata as _metadata
@@ -130,6 +131,11 @@ __stand_in__ = True  # lets tests tell this apart from a real vLLM
 
 from .entrypoints.llm import LLM
 from .outputs import CompletionOutput, RequestOutput
-from .sampling_params import GuidedDecodingParams, SamplingParams
+from .sampling_params import GUIDED_DECODING as _GUIDED_DECODING
+from .sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "GuidedDecodingParams", "RequestOutput", "CompletionOutput", "__version__"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
+if _GUIDED_DECODING:  # gone from 0.12.0 (see sampling_params.py)
+    from .sampling_params import GuidedDecodingParams  # noqa: F401
+
+    __all__.append("GuidedDecodingParams")
