@@ -109,8 +109,19 @@ def test_standin_identity():
     import vllm
 
     # ./tests/vllm_standin is vLLM 0.7.2 (TRL 0.14/0.15 cells); the same code as 0.8.5 from
-    # ./tests/vllm_standin/v0.8.5 (trl0.15.2-tf4.52.4) and as 0.9.1 from ./tests/vllm_standin/v0.9.1
-    assert importlib.metadata.version("vllm") in {"0.7.2", "0.8.5", "0.9.1"}
+    # ./tests/vllm_standin/v0.8.5 (trl0.15.2-tf4.52.4), as 0.9.1 from ./tests/vllm_standin/v0.9.1, and
+    # as 0.10.0 - 0.12.0 (the TRL 0.20 - 0.29 cells) from the directories of those names
+    assert importlib.metadata.version("vllm") in {
+        "0.7.2",
+        "0.8.5",
+        "0.9.1",
+        "0.10.0",
+        "0.10.1.1",
+        "0.10.2",
+        "0.11.2",
+        "0.12.0",
+        "0.14.0",
+    }
     assert vllm.__version__ == importlib.metadata.version("vllm")
     assert vllm.__stand_in__ is True
     from trl.import_utils import is_vllm_available
@@ -120,11 +131,37 @@ def test_standin_identity():
     from vllm import LLM, SamplingParams  # noqa: F401
     from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator  # noqa: F401
     from vllm.distributed.utils import StatelessProcessGroup  # noqa: F401
-    from vllm.sampling_params import GuidedDecodingParams  # noqa: F401
     from vllm.worker.worker import Worker
 
     assert callable(Worker._assert_memory_footprint_increased_during_profiling)
     import trl.trainer.grpo_trainer  # noqa: F401  (imports vllm at module level when available)
+
+
+@requires_standin
+def test_standin_module_layout_follows_its_version():
+    """vLLM 0.11 added ``structured_outputs``, 0.12 removed ``GuidedDecodingParams`` and
+    ``guided_decoding=`` (PR #29326), 0.14 removed ``vllm.utils.get_open_port`` (TRL PR #4883's table)."""
+    import importlib
+    import importlib.metadata
+
+    from packaging.version import Version
+
+    version = Version(importlib.metadata.version("vllm"))
+    sampling_params = importlib.import_module("vllm.sampling_params")
+    utils = importlib.import_module("vllm.utils")
+    # the module as vLLM built it, without what trl_compat's patches may have added since
+    has = lambda module, name: name in vars(module) and not hasattr(vars(module)[name], "__trl_compat_patch__")  # noqa: E731
+    assert has(sampling_params, "GuidedDecodingParams") is (version < Version("0.12.0"))
+    assert has(utils, "get_open_port") is (version < Version("0.14.0"))
+    fields = set(sampling_params.SamplingParams.__dataclass_fields__)
+    assert ("guided_decoding" in fields) is (version < Version("0.12.0"))
+    assert ("structured_outputs" in fields) is (version >= Version("0.11.0"))
+    if version >= Version("0.12.0"):
+        with pytest.raises(TypeError, match="unexpected keyword argument 'guided_decoding'"):
+            sampling_params.SamplingParams(guided_decoding=None)
+    from vllm.utils.network_utils import get_open_port
+
+    assert get_open_port() > 0
 
 
 @requires_standin
@@ -297,6 +334,155 @@ def test_standin_llm_generates_with_loaded_weights(tmp_path):
         SamplingParams(not_a_field=1)
 
 
+def _standin_version():
+    import vllm
+    from packaging.version import Version
+
+    return Version(vllm.__version__)
+
+
+@requires_standin
+def test_standin_engine_args_follow_the_version(tmp_path):
+    """``LLM(**kwargs)`` passes unknown names to vLLM's ``EngineArgs`` dataclass: a ``TypeError``;
+    ``logprobs_mode`` is a field from vLLM 0.10.0 on."""
+    from packaging.version import Version
+    from vllm import LLM
+
+    path = tiny.save_tiny(tmp_path / "m", "qwen2")
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'not_an_engine_arg'"):
+        LLM(model=path, not_an_engine_arg=1)
+    colocate = dict(
+        tensor_parallel_size=1,
+        max_num_seqs=4,
+        max_model_len=64,
+        distributed_executor_backend="external_launcher",
+        seed=0,
+        max_num_batched_tokens=4096,
+        model_impl="auto",
+        enable_sleep_mode=False,
+    )
+    if _standin_version() < Version("0.10.0"):
+        with pytest.raises(TypeError, match=r"unexpected keyword argument 'logprobs_mode'"):
+            LLM(model=path, logprobs_mode="processed_logprobs")
+        return
+    llm = LLM(model=path, logprobs_mode="processed_logprobs", **colocate)  # TRL 0.24 - 0.29's colocate call
+    assert llm.logprobs_mode == "processed_logprobs" and LLM(model=path).logprobs_mode == "raw_logprobs"
+    with pytest.raises(ValueError, match="logprobs_mode"):
+        LLM(model=path, logprobs_mode="tempered")
+
+
+@requires_standin
+def test_standin_logprobs_raw_and_processed(tmp_path):
+    """``SamplingParams(logprobs=k)``: per token ``{token_id: Logprob}``, the sampled token first; raw =
+    log-softmax of the raw logits, processed = after the temperature (``logprobs_mode``)."""
+    from packaging.version import Version
+    from vllm import LLM, SamplingParams
+
+    path = tiny.save_tiny(tmp_path / "m", "qwen2")
+    prompt = tiny.prompt_dataset(1)["prompt"][0]
+    tok = tiny.make_tokenizer()
+    model = tiny.make_model("qwen2")
+    modes = ["raw_logprobs"] + (["processed_logprobs"] if _standin_version() >= Version("0.10.0") else [])
+    for mode in modes:
+        kwargs = {"logprobs_mode": mode} if _standin_version() >= Version("0.10.0") else {}
+        llm = LLM(model=path, dtype="float32", **kwargs)
+        (out,) = llm.generate(prompt, SamplingParams(temperature=0.5, max_tokens=6, logprobs=0, seed=3), use_tqdm=False)
+        completion = out.outputs[0]
+        assert len(completion.logprobs) == len(completion.token_ids)
+        assert [list(lp) for lp in completion.logprobs] == [[t] for t in completion.token_ids]
+        ids = torch.tensor([out.prompt_token_ids + completion.token_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(out.prompt_token_ids) - 1 : -1].float()
+        temperature = 1.0 if mode == "raw_logprobs" else 0.5
+        expected = torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(completion.token_ids)[:, None])[:, 0]
+        got = torch.tensor([next(iter(lp.values())).logprob for lp in completion.logprobs])
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+        assert math.isclose(completion.cumulative_logprob, got.sum().item(), rel_tol=1e-5)
+        ranks = [lp[t].rank for lp, t in zip(completion.logprobs, completion.token_ids)]
+        assert ranks == [
+            int((torch.log_softmax(row, -1) > torch.log_softmax(row, -1)[t]).sum()) + 1 for row, t in zip(logits, completion.token_ids)
+        ]
+        (top,) = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=3, logprobs=2), use_tqdm=False)
+        for lp, t in zip(top.outputs[0].logprobs, top.outputs[0].token_ids):
+            assert next(iter(lp)) == t and lp[t].rank == 1 and len(lp) == 2  # greedy: the sampled token is the top 1
+        assert tok.decode([completion.token_ids[0]]) == completion.logprobs[0][completion.token_ids[0]].decoded_token
+    (plain,) = LLM(model=path, dtype="float32").generate(prompt, SamplingParams(max_tokens=2), use_tqdm=False)
+    assert plain.outputs[0].logprobs is None and plain.outputs[0].cumulative_logprob is None
+
+
+@requires_standin
+def test_standin_sleep_wake_up_and_reload_weights(tmp_path):
+    """Sleep mode: level 1 keeps the weights, level 2 leaves deterministic garbage that
+    ``collective_rpc("reload_weights")`` replaces with the checkpoint; every call is recorded."""
+    from vllm import LLM, SamplingParams
+
+    path = tiny.save_tiny(tmp_path / "m", "qwen2")
+    checkpoint = tiny.make_model("qwen2").state_dict()
+
+    def weights(llm):
+        return {k: v.float() for k, v in llm.model.hf_state_dict().items()}
+
+    def same(a, b):
+        return all(torch.equal(a[k], b[k]) for k in a)
+
+    llm = LLM(model=path, dtype="float32", enable_sleep_mode=True)
+    before = weights(llm)
+    assert same(before, {k: checkpoint[k] for k in before})
+    llm.sleep(level=1)
+    with pytest.raises(RuntimeError, match="sleeps"):
+        llm.generate("baba", SamplingParams(max_tokens=2))
+    llm.wake_up()
+    assert same(weights(llm), before) and llm.sleeping_tags == set()
+    llm.sleep(level=2)
+    garbage = weights(llm)
+    assert not any(torch.equal(garbage[k], before[k]) for k in before)
+    llm.wake_up(tags=["weights"])
+    assert llm.sleeping_tags == {"kv_cache"}
+    assert llm.collective_rpc("reload_weights") == [None]
+    assert same(weights(llm), before)
+    assert llm.model.received_names == []  # the loader's reload is not a weight sync
+    llm.wake_up(tags=["kv_cache"])
+    assert llm.generate("baba", SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids
+    assert llm.engine_calls == [
+        ("sleep", 1),
+        ("generate", 1),
+        ("wake_up", None),
+        ("sleep", 2),
+        ("wake_up", ["weights"]),
+        ("collective_rpc", "reload_weights"),
+        ("wake_up", ["kv_cache"]),
+        ("generate", 1),
+    ]
+    again = LLM(model=path, dtype="float32", enable_sleep_mode=True)
+    again.sleep(level=2)
+    assert same(weights(again), garbage)  # deterministic
+    off = LLM(model=path, dtype="float32")  # sleep mode off: nothing is released
+    off.sleep(level=2)
+    off.wake_up()
+    assert same(weights(off), before)
+
+
+@requires_standin
+def test_standin_chat_applies_the_template_without_special_tokens(tmp_path):
+    from vllm import LLM, SamplingParams
+
+    path = tiny.save_tiny(tmp_path / "m", "llama")
+    tok = tiny.make_llama3_tokenizer()
+    tok.save_pretrained(path)
+    llm = LLM(model=path, dtype="float32")
+    conversations = [[{"role": "user", "content": "baba bafe"}], [{"role": "user", "content": "baki"}]]
+    outs = llm.chat(conversations, SamplingParams(max_tokens=2), use_tqdm=False, chat_template_kwargs={})
+    texts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
+    expected = [tok(t, add_special_tokens=False).input_ids for t in texts]
+    assert [o.prompt_token_ids for o in outs] == expected and llm.received_prompt_ids == [expected]
+    assert all(ids[0] == tok.bos_token_id and ids[1] != tok.bos_token_id for ids in expected)  # one BOS, the template's
+    assert llm.received_chat_prompts == [texts] and llm.engine_calls == [("chat", 2)]
+    (single,) = llm.chat(conversations[0], SamplingParams(max_tokens=2), use_tqdm=False, add_generation_prompt=False)
+    assert (
+        single.prompt_token_ids == tok(tok.apply_chat_template(conversations[0], tokenize=False), add_special_tokens=False).input_ids
+    )
+
+
 # --------------------------------------------------------------------------------------------------
 # GRPO runs
 # --------------------------------------------------------------------------------------------------
@@ -341,10 +527,10 @@ def test_grpo_vllm_standin_run(tmp_path):
     if not grpo_run.has_colocated_vllm() and not grpo_run.has_colocate_mode():
         with pytest.raises(grpo_run.VLLMPathUnsupported):
             grpo_run.make_trainer(tmp_path, use_vllm=True)
-        pytest.skip("installed TRL has no colocated vLLM path wired to the stand-in (TRL 0.16/0.17, >= 0.20)")
+        pytest.skip("installed TRL has no colocated vLLM path wired to the stand-in (TRL 0.16/0.17)")
     trainer, history = grpo_run.run_grpo(tmp_path, model="qwen2", use_vllm=True, steps=3)
     _check_run(trainer, history)
-    llm = trainer.llm
+    llm = grpo_run.trainer_llm(trainer)
     packed = llm.model
     assert llm.generate_calls == 3
     # step 1 generates from the checkpoint; steps 2 and 3 push the trained weights first
@@ -363,3 +549,37 @@ def test_grpo_vllm_standin_run(tmp_path):
     # (TRL 0.14 has no vllm_dtype: the stand-in then runs in float16, like vLLM's "auto")
     drift = max((pushed[k].float() - initial[k]).abs().max().item() for k in initial)
     assert drift > 5e-4, "vLLM never got the trained weights"
+
+
+@requires_standin
+@pytest.mark.skipif(not grpo_run.has_colocate_mode() or grpo_run.trl_version()[:2] < (0, 20), reason="TRL 0.20+'s colocate mode")
+def test_grpo_vllm_colocate_0_2x_trains_on_standin_completions(tmp_path):
+    """TRL 0.20 - 0.29.1, ``vllm_mode="colocate"`` on the stand-in: one real step, whose completions
+    (and, from 0.23, their sampling log-probs) are the ones the stand-in returned."""
+    trainer = grpo_run.make_trainer(tmp_path, model="qwen2", use_vllm=True, steps=1)
+    llm = grpo_run.trainer_llm(trainer)
+    from vllm.entrypoints.llm import LLM
+
+    assert isinstance(llm, LLM) and llm.init_kwargs["distributed_executor_backend"] == "external_launcher"
+    batches = []
+    original = trainer._generate_and_score_completions
+
+    def recording(*args, **kwargs):
+        batch = original(*args, **kwargs)
+        batches.append(batch)
+        return batch
+
+    trainer._generate_and_score_completions = recording
+    before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+    trainer.train()
+    assert grpo_run.finite_losses(trainer.state.log_history) and trainer.state.global_step == 1
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.named_parameters())
+    assert llm.generate_calls == 1 and len(batches) == 1
+    (returned,) = llm.returned_completion_ids
+    batch = batches[0]
+    trained = [row[mask.bool()].tolist() for row, mask in zip(batch["completion_ids"], batch["completion_mask"])]
+    assert trained == returned  # what TRL trains on is what the stand-in generated
+    assert llm.model.received_names and set().union(*llm.model.received_names) <= set(trainer.model.state_dict())
+    if "importance_sampling_ratio" in batch:  # TRL >= 0.23: the stand-in's logprobs feed the IS correction
+        ratio = batch["importance_sampling_ratio"]  # per token, or per sequence (0.26+'s sequence modes)
+        assert torch.isfinite(ratio).all() and ratio.shape[0] == len(trained)

@@ -76,6 +76,7 @@ def test_the_init_patches_declare_it():
         "vllm-v1-engine",
         "prompt-right-truncation",
         "scale-rewards-swapped",
+        "vllm-sleep-mode-weights",  # registers the colocated engine after TRL built it (TRL 0.25+)
     ]
 
 

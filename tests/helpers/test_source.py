@@ -5,7 +5,7 @@ import importlib
 import sys
 import uuid
 
-from trl_compat._helpers.source import Code, SourceUnavailable, code, defining_class, normalise, unwrap
+from trl_compat._helpers.source import Code, SourceUnavailable, code, defining_class, module_code, normalise, unwrap
 
 import pytest
 
@@ -125,3 +125,21 @@ def test_a_probe_on_unreadable_source_is_undecided(tmp_path, monkeypatch):
     finally:
         engine.unregister(patch.id)
         sys.modules.pop(name, None)
+
+
+def test_module_code_reads_a_submodule_without_importing_it_or_its_package(tmp_path, monkeypatch):
+    name = f"pkg_{uuid.uuid4().hex[:8]}"
+    (tmp_path / name / "sub").mkdir(parents=True)
+    (tmp_path / name / "__init__.py").write_text("raise RuntimeError('the package ran')\n")
+    (tmp_path / name / "sub" / "__init__.py").write_text("raise RuntimeError('the subpackage ran')\n")
+    (tmp_path / name / "sub" / "mod.py").write_text("# a comment: not code\nfrom vllm.utils import get_open_port  # here\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = module_code(f"{name}.sub.mod")
+    assert isinstance(source, Code) and "from vllm.utils import get_open_port" in source and "comment" not in source
+    assert not [m for m in sys.modules if m.startswith(name)]
+    with pytest.raises(SourceUnavailable, match="cannot find the source file"):
+        module_code(f"{name}.sub.missing")
+
+
+def test_module_code_of_a_loaded_module_reads_its_file():
+    assert "def module_code" in module_code("trl_compat._helpers.source")

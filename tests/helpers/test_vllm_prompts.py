@@ -376,3 +376,54 @@ def test_probes_read_the_generation_method(tmp_path, monkeypatch, body, truncati
     module = importlib.import_module(name)
     verdicts = [m.probe(module).needed for m in (vllm_prompt_truncation, vllm_prompt_special_tokens, vllm_double_bos)]
     assert verdicts == [truncation, special, double_bos]
+
+
+_V023_COLOCATE = """
+    def _generate_and_score_completions(self, inputs):
+        prompt_inputs = self.processing_class(text=prompts_text, padding_side="left", add_special_tokens=False)
+        if self.max_prompt_length is not None:
+            prompt_ids, prompt_mask = truncate_with_protected_tokens(prompt_ids, prompt_mask, self.max_prompt_length, protected)
+            prompts_text = self.processing_class.batch_decode(prompt_ids, skip_special_tokens=False)
+        if self.vllm_mode == "colocate":
+            vllm_inputs = all_prompts_text
+            with profiling_context(self, "vLLM.generate"):
+                all_outputs = self.llm.generate(vllm_inputs, sampling_params=sampling_params, use_tqdm=False)
+            completion_ids = [output.token_ids for outputs in all_outputs for output in outputs.outputs]
+"""
+_V024 = """
+    def _generate_single_turn(self, prompts, images):
+        if self.vllm_mode == "colocate":
+            vllm_inputs = all_prompts_text
+            all_outputs = self.llm.generate(vllm_inputs, sampling_params=sampling_params, use_tqdm=False)
+            all_prompt_ids = [output.prompt_token_ids for output in all_outputs]
+        else:
+            generate_inputs = self.processing_class(text=prompts_text, truncation=True, add_special_tokens=False)
+"""
+
+
+@pytest.mark.parametrize("body, double_bos", [(_V023_COLOCATE, True), (_V024, False)])
+def test_double_bos_probe_0_20_to_0_24(tmp_path, monkeypatch, body, double_bos):
+    """0.20 - 0.23.1 hand the colocated engine ``vllm_inputs = all_prompts_text``; 0.24 (#4152)
+    trains on ``output.prompt_token_ids``."""
+    from trl_compat.patches import vllm_double_bos
+
+    name = "tcprobe_" + uuid.uuid4().hex[:8]
+    (tmp_path / f"{name}.py").write_text(f"class GRPOTrainer:\n{body}")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert vllm_double_bos.probe(importlib.import_module(name)).needed is double_bos
+
+
+@pytest.mark.skipif(not HAVE_TORCH or importlib.util.find_spec("trl") is None, reason="needs TRL")
+def test_double_bos_probe_on_the_installed_trl():
+    """The probe on the real TRL of the cell: needed 0.14 - 0.23.1 (where it finds the vLLM call),
+    not needed from 0.24.0 (#4152)."""
+    from trl_compat.patches import vllm_double_bos
+
+    import trl.trainer.grpo_trainer as grpo
+    from packaging.version import Version
+
+    version = Version(importlib.import_module("trl").__version__)
+    if not (Version("0.20.0") <= version <= Version("0.26.2")):
+        pytest.skip("checked here for TRL 0.20 - 0.26 (older releases: the cells' status tests)")
+    verdict = vllm_double_bos.probe(grpo)
+    assert verdict.needed is (version < Version("0.24.0")), verdict

@@ -6,7 +6,9 @@ on the shards, gloo) and
 asserts on its ``F2|{json}`` markers: what TRL's real ``_move_model_to_vllm`` handed to vLLM
 (colocate: ``load_weights``; server: ``update_named_param``), compared by value with the full
 weights. One launch with the patch (strict mode), one with ``TRL_COMPAT_DISABLE``.
-About 30-60 s per launch on 2 cores; only TRL 0.18.x/0.19.x (the window) run them.
+About 30-60 s per launch on 2 cores; only TRL 0.18.x/0.19.x (the window) run them, and with LoRA
+TRL 0.20 - 0.25 (the second bug: TRL's own FSDP2 sync sends PEFT's names; the colocate endpoint
+then loads into a stand-in vLLM model, which raises vLLM's ValueError for an unknown name).
 """
 
 import trl_compat
@@ -24,9 +26,15 @@ TRL, TORCH, VLLM = installed("trl"), installed("torch"), installed("vllm")
 TRL_AFFECTED = TRL is not None and Version("0.18.0") <= TRL < Version("0.20.0")
 CAN_FSDP2 = TORCH is not None and TORCH >= Version("2.6.0")  # torch.distributed.fsdp.fully_shard
 
+TRL_LORA_NAMES = TRL is not None and Version("0.20.0") <= TRL < Version("0.26.0")
 # Without vLLM the patch is "not needed" (use_vllm cannot be on): the cells with the stand-in test it.
 needs_fsdp2_window = pytest.mark.skipif(
     not (TRL_AFFECTED and CAN_FSDP2 and VLLM), reason="needs trl 0.18/0.19 (the window), vllm and torch >= 2.6"
+)
+
+
+needs_lora_names_window = pytest.mark.skipif(
+    not (TRL_LORA_NAMES and CAN_FSDP2 and VLLM), reason="needs trl 0.20 - 0.25 (PEFT names in TRL's FSDP2 sync), vllm and torch >= 2.6"
 )
 
 
@@ -149,3 +157,63 @@ def test_grpo_fsdp2_peft_two_processes_with_patch(model_dir, tmp_path):
     # only LoRA was trained: exactly the merged weights of the adapted projections moved
     for train in run.per_rank("train"):
         assert train["moved"] == sorted(f"model.layers.{i}.self_attn.{p}_proj.weight" for i in (0, 1) for p in "qv")
+
+
+# -- TRL 0.20 - 0.25: TRL's own FSDP2 sync, PEFT names ------------------------------------------
+
+
+@pytest.mark.skipif(TRL is None or TRL < Version("0.20.0") or not VLLM, reason="TRL's own FSDP2 sync is 0.20+; needs vllm")
+def test_the_probe_reads_trls_fsdp2_sync():
+    import trl.trainer.grpo_trainer as grpo
+
+    verdict = fsdp2_vllm_sync.probe(grpo)
+    if TRL_LORA_NAMES:
+        assert verdict.needed is True and "state_dict() names" in verdict.reason
+        assert grpo.GRPOTrainer._sync_fsdp2_params_to_vllm.__trl_compat_patch__ == {PATCH_ID}
+    else:  # 0.26.0 strips the PEFT prefixes itself (PR #4603); 0.28 moved the sync out of the trainer
+        assert verdict.needed is False
+
+
+def check_lora_syncs(run, names):
+    for label in ("begin", "end"):
+        for sync in run.per_rank("sync", label=label, mode="colocate"):
+            assert sync["error"] is None and sorted(sync["names"]) == names, sync
+            assert sync["equal"] == names and sync["unequal"] == [], sync  # merged weights, by value
+            # the stand-in vLLM model holds them: every name it knows, loaded with the merged values
+            assert sync["engine_equal"] == names, sync
+        for sync in run.per_rank("sync", label=label, mode="server"):
+            assert sync["error"] is None, sync
+            if sync["is_main"]:
+                assert sorted(sync["names"]) == names and sync["equal"] == names, sync
+
+
+@needs_lora_names_window
+def test_grpo_fsdp2_lora_names_two_processes_with_patch(model_dir, tmp_path):
+    pytest.importorskip("peft")
+    run = launch(model_dir, tmp_path / "out", peft=True)
+    for versions in run.per_rank("versions"):
+        assert versions["status"] == trl_compat.APPLIED, versions
+    names = check_fsdp2_training(run, peft=True)
+    assert not any("lora_" in n or "base_layer" in n or n.startswith("base_model.") for n in names), names
+    assert "model.layers.0.self_attn.q_proj.weight" in names
+    check_lora_syncs(run, names)
+    for train in run.per_rank("train"):  # only LoRA trained: the merged q/v projections moved
+        assert train["moved"] == sorted(f"model.layers.{i}.self_attn.{p}_proj.weight" for i in (0, 1) for p in "qv")
+
+
+@needs_lora_names_window
+def test_grpo_fsdp2_lora_names_two_processes_without_patch(model_dir, tmp_path):
+    pytest.importorskip("peft")
+    run = launch(model_dir, tmp_path / "out", disable=PATCH_ID, peft=True)
+    for versions in run.per_rank("versions"):
+        assert versions["status"] == trl_compat.DISABLED, versions
+    check_fsdp2_training(run, peft=True)
+    for label in ("begin", "end"):
+        for sync in run.per_rank("sync", label=label, mode="colocate"):
+            assert sync["error"] is not None and sync["error"].startswith(
+                "ValueError: There is no module or parameter named 'base_model'"
+            ), sync
+        for sync in run.per_rank("sync", label=label, mode="server"):
+            if sync["is_main"]:  # the server gets PEFT's names (its worker raises the same ValueError)
+                assert any(n.startswith("base_model.model.") for n in sync["names"]), sync
+                assert any("lora_A" in n for n in sync["names"]), sync

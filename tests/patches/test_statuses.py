@@ -28,8 +28,8 @@ BY_ID = {patch.id: patch for patch in PATCHES}
 APPLIED_REASONS = {
     "eval-before-train-ga": ["divides the loss by self.current_gradient_accumulation_steps"],
     "entropy-mask-gather-hang": ["without accelerator.pad_across_processes"],
-    "fsdp2-vllm-sync": ["only syncs FSDP1", "generations change"],
     "generation-config-model-defaults": ["calls generate(generation_config=self.generation_config) without use_model_defaults"],
+    "fsdp2-vllm-sync": ["FSDP2", "anything else runs TRL's code"],
     "grpo-eval-0.14": ["calls inputs.get(...)", "'list' object has no attribute 'get'"],
     "logps-attention-mask": ["without attention_mask"],
     "peft-optional": ["get_peft_model in GRPOTrainer.__init__"],
@@ -42,6 +42,8 @@ APPLIED_REASONS = {
     ],
     "zero3-hooks-api": ["renamed to _register_deepspeed_module"],
     "zero3-peft-mixed-dtype": ["without autocast_adapter_dtype"],
+    "vllm-sleep-mode-weights": ["vllm_enable_sleep_mode", "syncs after every level-2 sleep"],
+    "tools-colocate-llm-attr": ["self.vllm_generation.llm", "AttributeError"],
 }
 
 # Where the gate says "not needed", the probe says so too from the fixed code: it is what decides

@@ -110,43 +110,74 @@ APPLIED = {
     # no vLLM in the 0.19.1 cells: fsdp2-vllm-sync (like every vLLM patch) says "not needed: vllm is not installed"
     "trl0.19.1-tf4.53.3": {"generation-config-model-defaults", "logits-to-keep"},
     "trl0.19.1-tf5.23.0": {"logits-to-keep", "transformers5-import", "transformers5-use-cache", "transformers5-warnings-issued"},
-    # TRL 0.20 -> 0.29.1 with the transformers 4.x of their day, no vLLM (the stand-in emulates vLLM
-    # 0.7-0.9, not the 0.10+ APIs these releases import), deepspeed in trl0.24.0 only. The 0.14 - 0.19
-    # patches end before 0.20, but generation-config-model-defaults (TRL < 0.26.2 on transformers
-    # 4.50 - 4.57); scale-rewards-swapped is 0.22.0/0.22.1's, qlora-config-rebuild 0.22.x's,
-    # qlora-peftmodel-frozen 0.22.0 - 0.23.0's, eval-before-train-ga 0.22.0 - 0.27.0's (none needs vLLM),
-    # entropy-mask-gather-hang 0.21.0 - 0.23.0's
-    "trl0.20.0-tf4.53.3": {"generation-config-model-defaults"},
+    # TRL 0.20 -> 0.29.1 with the transformers of their day and the vLLM stand-in as the vLLM of their
+    # day (0.10.0 - 0.12.0; 0.14.0 in trl0.26.2), deepspeed in trl0.24.0 only
+    "trl0.20.0-tf4.53.3": {"fsdp2-vllm-sync", "generation-config-model-defaults", "vllm-double-bos"},
     "trl0.22.1-tf4.55.4": {
         "entropy-mask-gather-hang",
         "eval-before-train-ga",
+        "fsdp2-vllm-sync",
         "generation-config-model-defaults",
         "qlora-config-rebuild",
         "qlora-peftmodel-frozen",
         "scale-rewards-swapped",
+        "vllm-double-bos",
     },
+    # 0.22.2: scale_rewards fixed
     "trl0.22.2-tf4.55.4": {
         "entropy-mask-gather-hang",
         "eval-before-train-ga",
+        "fsdp2-vllm-sync",
         "generation-config-model-defaults",
         "qlora-config-rebuild",
         "qlora-peftmodel-frozen",
+        "vllm-double-bos",
+    },
+    "trl0.23.1-tf4.56.2": {
+        "eval-before-train-ga",
+        "fsdp2-vllm-sync",
+        "generation-config-model-defaults",
+        "vllm-double-bos",
+        "vllm-is-raw-logprobs",
+        "vllm-serve-raw-logprobs",
     },
     # TRL 0.24 - 0.25 truncate prompts with the tokenizer, on the side of the one passed
-    "trl0.24.0-tf4.57.1": {"eval-before-train-ga", "generation-config-model-defaults", "prompt-right-truncation"},
-    # the same stack with DeepSpeed 0.19.2 (no vLLM): ZeRO-3 + LoRA on bf16 models
+    "trl0.24.0-tf4.57.1": {
+        "eval-before-train-ga",
+        "fsdp2-vllm-sync",
+        "generation-config-model-defaults",
+        "prompt-right-truncation",
+        "vllm-serve-raw-logprobs",
+    },
+    # the same stack with DeepSpeed 0.19.2 and no vLLM: ZeRO-3 + LoRA on bf16 models
     "trl0.24.0-tf4.57.1-ds0.19.2": {
         "eval-before-train-ga",
         "generation-config-model-defaults",
         "prompt-right-truncation",
         "zero3-peft-mixed-dtype",
     },
-    "trl0.26.0-tf4.57.3": {"eval-before-train-ga", "generation-config-model-defaults"},
-    "trl0.26.2-tf4.57.3": {"eval-before-train-ga"},
+    # vLLM (stand-in) 0.11.2: before vllm-guided-decoding-import's 0.12
+    "trl0.26.0-tf4.57.3": {
+        "eval-before-train-ga",
+        "generation-config-model-defaults",
+        "tools-empty-list-server",
+        "vllm-serve-raw-logprobs",
+        "vllm-sleep-mode-weights",
+    },
+    # vLLM (stand-in) 0.14.0; the first release with the generation-config fix
+    "trl0.26.2-tf4.57.3": {
+        "eval-before-train-ga",
+        "vllm-guided-decoding-import",
+        "vllm-serve-get-open-port",
+        "vllm-serve-raw-logprobs",
+        "vllm-sleep-mode-weights",
+    },
     # TRL 0.27.1 on transformers 5.1.0 (peft 0.18.1, no vLLM, no deepspeed): the last release that sets warnings_issued
     "trl0.27.1-tf5.1.0": {"transformers5-warnings-issued"},
-    "trl0.28.0-tf4.57.6": set(),
-    "trl0.29.1-tf4.57.6": set(),
+    "trl0.28.0-tf4.57.6": {"vllm-sleep-mode-weights"},
+    # transformers 5: TRL 0.28 takes tools=[...]
+    "trl0.28.0-tf5.2.0": {"tools-colocate-llm-attr", "vllm-sleep-mode-weights"},
+    "trl0.29.1-tf4.57.6": {"vllm-sleep-mode-weights"},
     "trl-newest": set(),
     # the real-vLLM cell (matrix/vllm_cpu/): one venv (transformers 4.51.3, peft 0.15.2, no deepspeed),
     # one report per TRL release swapped in

@@ -63,12 +63,18 @@ class Received:
 
 
 class RecordingModel:
-    """``...model_runner.model``: what TRL's colocate path calls ``load_weights`` on."""
+    """``...model_runner.model``: what TRL's colocate path calls ``load_weights`` on. With the vLLM
+    stand-in installed, each call goes first to a stand-in model of the checkpoint's architecture
+    (``engine``), which loads the weights or raises what vLLM raises for a name it does not know."""
 
-    def __init__(self, received):
+    def __init__(self, received, engine=None):
         self.received = received
+        self.engine = engine
 
     def load_weights(self, weights):
+        weights = list(weights)
+        if self.engine is not None:
+            self.engine.load_weights(iter(weights))
         for name, tensor in weights:
             self.received.add(name, tensor)
 
@@ -76,9 +82,10 @@ class RecordingModel:
 class RecordingLLM:
     """Only the path TRL 0.18/0.19 take: ``llm_engine.model_executor.driver_worker.model_runner.model``."""
 
-    def __init__(self):
+    def __init__(self, engine=None):
         self.received = Received()
-        runner = type("ModelRunner", (), {"model": RecordingModel(self.received)})()
+        self.engine = engine
+        runner = type("ModelRunner", (), {"model": RecordingModel(self.received, engine)})()
         worker = type("Worker", (), {"model_runner": runner})()
         executor = type("Executor", (), {"driver_worker": worker})()
         self.llm_engine = type("LLMEngine", (), {"model_executor": executor})()
@@ -100,6 +107,43 @@ class RecordingClient:
         self.received.reset_prefix_cache()
 
 
+def standin_engine(model_dir):
+    """A fresh stand-in vLLM model of the checkpoint's architecture (None without the stand-in)."""
+    try:
+        import vllm
+        from vllm.model_executor.models import build_model
+    except ImportError:
+        return None
+    if not getattr(vllm, "__stand_in__", False):
+        return None
+    import torch
+    from transformers import AutoConfig
+
+    return build_model(AutoConfig.from_pretrained(model_dir), torch.float32)
+
+
+def cpu_stands_in_for_cuda(torch):
+    """TRL >= 0.20's FSDP2 sync moves CPU shards to ``torch.device("cuda")`` before gathering them;
+    this machine has no CUDA, so such moves keep the tensor where it is (the gather runs on gloo)."""
+    if torch.cuda.is_available():
+        return
+    original = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        target = args[0] if args else kwargs.get("device")
+        if (isinstance(target, torch.device) and target.type == "cuda") or (isinstance(target, str) and target.startswith("cuda")):
+            return self
+        return original(self, *args, **kwargs)
+
+    torch.Tensor.to = to
+
+
+class Fsdp2Plugin:
+    """What TRL >= 0.20 reads of accelerate's FSDP plugin to choose its FSDP2 sync."""
+
+    fsdp_version = 2
+
+
 def main():
     model_dir, out_dir = sys.argv[1], sys.argv[2]
     use_peft = len(sys.argv) > 3 and sys.argv[3] == "peft"
@@ -116,6 +160,7 @@ def main():
 
     import tiny
 
+    cpu_stands_in_for_cuda(torch)
     emit(
         "versions", trl=trl.__version__, torch=torch.__version__, accelerate=accelerate.__version__, status=trl_compat.status(PATCH_ID)
     )
@@ -179,16 +224,24 @@ def main():
         expected = merged_base_weights(trainer.model)
         saved = trainer.vllm_mode, getattr(trainer, "llm", None), getattr(trainer, "vllm_client", None)
         trainer.vllm_mode = mode
+        engine = None
         if mode == "colocate":
-            endpoint = trainer.llm = RecordingLLM()
+            engine = standin_engine(model_dir)
+            endpoint = trainer.llm = RecordingLLM(engine)
         else:
             endpoint = trainer.vllm_client = RecordingClient()
         error = None
+        accelerator_state = trainer.accelerator.state
+        saved_plugin = getattr(accelerator_state, "fsdp_plugin", None)
+        accelerator_state.fsdp_plugin = Fsdp2Plugin()  # accelerate's fsdp_version: 2, for the sync only
         try:
             trainer._move_model_to_vllm()
         except Exception as exc:  # noqa: BLE001 - reported, the test decides
             error = f"{type(exc).__name__}: {exc}"
+        finally:
+            accelerator_state.fsdp_plugin = saved_plugin
         trainer.vllm_mode, trainer.llm, trainer.vllm_client = saved
+        held = {n: t.detach().float() for n, t in engine.hf_state_dict().items()} if engine is not None and error is None else None
         received = endpoint.received
         names = [n for n, _ in received.items]
         got = dict(received.items)
@@ -205,6 +258,10 @@ def main():
             unequal=sorted(n for n, t in got.items() if n in expected and not torch.equal(t, expected[n])),
             shapes={n: list(t.shape) for n, t in got.items()},
             dtensors=sorted(n for n, t in got.items() if isinstance(t, DTensor)),
+            engine_equal=None
+            if held is None
+            else sorted(n for n in expected if n in held and torch.equal(held[n], expected[n].float())),
+            engine_names=None if held is None else sorted(held),
         )
         return expected
 

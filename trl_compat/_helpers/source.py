@@ -9,7 +9,9 @@ not flipped by a comment that mentions a name, nor by a line break or a quote st
         ...
     if "prompt_ids[:, -self.max_prompt_length :]" in code(method):   # spacing free
 
-A needle is normalised the same way before the search. When the source cannot be read
+A needle is normalised the same way before the search. ``module_code("trl.scripts.vllm_serve")``
+reads a module the same way without importing it (nor its packages): for a patch that must act
+before TRL's module runs. When the source cannot be read
 (a C function, a ``.pyc``-only install, a class built at run time), :class:`SourceUnavailable`
 is raised with the reason; the engine reports the patch "undecided" with that reason.
 """
@@ -17,8 +19,11 @@ is raised with the reason; the engine reports the patch "undecided" with that re
 from __future__ import annotations
 
 import ast
+import importlib.machinery
+import importlib.util
 import inspect
 import io
+import sys
 import textwrap
 import tokenize
 from typing import Any, Optional
@@ -86,6 +91,47 @@ def _source(obj: Any) -> str:
 def code(obj: Any) -> Code:
     """The normalised source of a module, class, function or method (see module doc)."""
     return Code(normalise(_source(obj)))
+
+
+def module_code(name: str) -> Code:
+    """The normalised source of module ``name`` (see module doc), read from its file without
+    importing it or its parent packages: the module being imported (or not imported at all) when a
+    patch must act before its code runs. A module already in ``sys.modules`` is read from its file."""
+    return Code(normalise(_module_source(name)))
+
+
+def _module_source(name: str) -> str:
+    loaded = sys.modules.get(name)
+    origin = getattr(loaded, "__file__", None)
+    if origin is None:
+        spec = _spec_without_import(name)
+        origin = getattr(spec, "origin", None)
+    if not origin or not origin.endswith(".py"):
+        raise SourceUnavailable(f"cannot find the source file of {name} ({origin or 'no spec'})")
+    try:
+        with tokenize.open(origin) as handle:  # the file's own encoding declaration
+            return handle.read()
+    except (OSError, SyntaxError) as exc:
+        raise SourceUnavailable(f"cannot read the source of {name} ({exc})") from None
+
+
+def _spec_without_import(name: str) -> Any:
+    """``name``'s spec, walking the packages' ``__path__`` (loaded or found) instead of importing them."""
+    parts = name.split(".")
+    spec, path = None, None
+    for depth in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:depth])
+        package = sys.modules.get(prefix)
+        if package is not None and depth < len(parts):
+            path = getattr(package, "__path__", None)
+            continue
+        spec = importlib.machinery.PathFinder.find_spec(prefix, path)
+        if spec is None and depth == 1:
+            spec = importlib.util.find_spec(prefix)  # an editable install's own finder; a top-level name imports nothing
+        if spec is None:
+            return None
+        path = spec.submodule_search_locations
+    return spec
 
 
 def syntax(obj: Any) -> ast.Module:

@@ -434,8 +434,8 @@ PATCHES = [
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",
         changes=PROMPT_GENERATION,
-        requires={"trl": affected("0.14.0", "0.20.0"), "vllm": ">=0"},
-        witnesses={"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0"]}},
+        requires={"trl": affected("0.14.0", "0.24.0"), "vllm": ">=0"},
+        witnesses={"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0", "0.23.1", "0.24.0.dev0"], "outside": ["0.24.0"]}},
         impl="trl_compat.patches.vllm_double_bos",
         remove_when="TRL < 0.24 is no longer supported",
     ),
@@ -457,16 +457,159 @@ PATCHES = [
     ),
     Patch(
         id="fsdp2-vllm-sync",
-        summary="use_vllm + FSDP2: no weight reached vLLM (FSDP1-only sync); send the full FSDP2 weights",
-        symptom="silent: under FSDP2 vLLM generates from the initial weights for the whole run",
-        upstream="https://github.com/huggingface/trl/pull/3687 (fixed in 0.20.0; reported in PR #3670)",
+        summary="use_vllm + FSDP2: send the full FSDP2 weights (0.18/0.19: none reached vLLM), under the base "
+        "model's names with LoRA merged (0.20 - 0.25 sent PEFT's names)",
+        symptom=(
+            "silent: under FSDP2 vLLM generates from the initial weights for the whole run (0.18/0.19); "
+            "ValueError: There is no module or parameter named 'base_model' (LoRA, 0.20 - 0.25)"
+        ),
+        upstream="https://github.com/huggingface/trl/pull/3687 (fixed in 0.20.0; reported in PR #3670); "
+        "LoRA names: PR #4603 (fixed in 0.26.0)",
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",
-        changes=("GRPOTrainer._sync_fsdp_params_to_vllm",),
-        requires={"trl": affected("0.18.0", "0.20.0"), "vllm": ">=0"},
-        witnesses={"trl": {"inside": ["0.18.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.17.0", "0.20.0"]}},
+        changes=("GRPOTrainer._sync_fsdp_params_to_vllm", "GRPOTrainer._sync_fsdp2_params_to_vllm"),
+        requires={"trl": affected("0.18.0", "0.26.0"), "vllm": ">=0"},
+        witnesses={
+            "trl": {"inside": ["0.18.0", "0.19.1", "0.20.0", "0.24.0", "0.25.1", "0.26.0.dev0"], "outside": ["0.17.0", "0.26.0"]}
+        },
         impl="trl_compat.patches.fsdp2_vllm_sync",
-        remove_when="TRL 0.18.x and 0.19.x are no longer supported",
+        remove_when="TRL < 0.26 is no longer supported",
+    ),
+    # branch `sleep`: colocated vLLM of TRL 0.25+. vllm-sleep-mode-weights wraps __init__ only to
+    # register the engine after TRL built it (every other __init__ wrapper's window ends before
+    # 0.20: no stacking), and vLLM's LLM methods, which no other patch changes
+    Patch(
+        id="vllm-sleep-mode-weights",
+        summary="colocate + vllm_enable_sleep_mode: sync after every level-2 sleep and keep TRL's reload from disk "
+        "from overwriting the synced weights",
+        symptom=(
+            "silent: vLLM samples from the initial checkpoint (0.26+: eval / unchanged steps; 0.28+: always, "
+            "importance-sampling ratio ~1e-7) or from garbage weights (0.25)"
+        ),
+        upstream="https://github.com/huggingface/trl/issues/5312 (not fixed in 0.x; PR #5313; vllm#29341)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer._generate_single_turn",
+        changes=(
+            "GRPOTrainer.__init__",
+            "GRPOTrainer._move_model_to_vllm",
+            "trl.generation.vllm_generation:VLLMGeneration.sync_weights",
+            "vllm.entrypoints.llm:LLM.sleep",
+            "vllm.entrypoints.llm:LLM.wake_up",
+            "vllm.entrypoints.llm:LLM.collective_rpc",
+        ),
+        requires={"trl": affected("0.25.0"), "vllm": ">=0"},
+        witnesses={"trl": {"inside": ["0.25.0", "0.26.0", "0.28.0", "0.29.1", "1.0.0"], "outside": ["0.24.0", "0.23.1"]}},
+        impl="trl_compat.patches.vllm_sleep_mode_weights",
+        remove_when="trl_compat no longer supports TRL 0.25.0 - 0.29.1 (no 0.x release fixes it)",
+    ),
+    Patch(
+        id="tools-colocate-llm-attr",
+        summary="tools + vllm_mode='colocate': give GRPOTrainer the read-only llm attribute its tool loop reads "
+        "(the engine moved to vllm_generation.llm)",
+        symptom="AttributeError: 'GRPOTrainer' object has no attribute 'llm'",
+        upstream="https://github.com/huggingface/trl/issues/5301 (fixed by PR #5302 in 0.29.1)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer._tool_call_loop",
+        changes=("GRPOTrainer.llm",),
+        # TRL 0.28 / 0.29.0 refuse tools on transformers < 5 (ImportError): the loop is reached on 5+ only
+        requires={"trl": affected("0.28.0", "0.29.1"), "transformers": affected("5.0.0"), "vllm": ">=0"},
+        witnesses={
+            "trl": {"inside": ["0.28.0", "0.29.0", "0.29.1.dev0"], "outside": ["0.27.2", "0.29.1"]},
+            "transformers": {"inside": ["5.0.0", "5.2.0"], "outside": ["4.57.6"]},
+        },
+        impl="trl_compat.patches.tools_colocate_llm_attr",
+        remove_when="TRL 0.28.x and 0.29.0 are no longer supported",
+    ),
+    # -- branch standin: vLLM's raw log-probs in TRL's importance-sampling correction (0.23+) --------
+    # Two ids for one bug: the registry takes one trigger module per patch, and the server half runs
+    # in the `trl vllm-serve` process (trl.scripts.vllm_serve), not the trainer's. Both replace only
+    # their module's `LLM` global, which no other patch changes.
+    Patch(
+        id="vllm-is-raw-logprobs",
+        summary="use_vllm colocate: vLLM's raw (temperature 1) log-probs fed the IS ratio; build the engine with processed ones",
+        symptom="silent: importance-sampling ratio far from 1 (at the cap at low temperature); token losses reweighted wrongly",
+        upstream="https://github.com/huggingface/trl/issues/4159 (fixed for colocate in 0.24.0 by PR #4163)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
+        changes=("LLM",),
+        requires={"trl": affected("0.23.0", "0.24.0"), "vllm": affected("0.10.0")},
+        witnesses={
+            "trl": {"inside": ["0.23.0", "0.23.1", "0.24.0.dev0"], "outside": ["0.22.2", "0.24.0"]},
+            "vllm": {"inside": ["0.10.0", "0.10.2"], "outside": ["0.9.1"]},
+        },
+        impl="trl_compat.patches.vllm_is_raw_logprobs",
+        remove_when="TRL 0.23.x is no longer supported",
+    ),
+    Patch(
+        id="vllm-serve-raw-logprobs",
+        summary="trl vllm-serve: the server's vLLM returned raw (temperature 1) log-probs to the IS ratio; use processed ones",
+        symptom="silent: importance-sampling ratio far from 1 in server mode; with sequence_mask most sequences dropped (#4772)",
+        upstream="https://github.com/huggingface/trl/pull/4873 (fixed in 0.27.1; server half of TRL issue #4159)",
+        trigger="trl.scripts.vllm_serve",
+        must_exist="llm_worker",
+        changes=("LLM",),
+        requires={"trl": affected("0.23.0", "0.27.1"), "vllm": affected("0.10.0")},
+        witnesses={
+            "trl": {"inside": ["0.23.0", "0.24.0", "0.27.0", "0.27.1.dev0"], "outside": ["0.22.2", "0.27.1"]},
+            "vllm": {"inside": ["0.10.0", "0.12.0"], "outside": ["0.9.1"]},
+        },
+        impl="trl_compat.patches.vllm_serve_raw_logprobs",
+        remove_when="TRL < 0.27.1 is no longer supported",
+    ),
+    # -- imports: TRL 0.16 - 0.27 next to newer vLLM releases, and TRL 0.26.0's server-mode chat --
+    Patch(
+        id="vllm-guided-decoding-import",
+        summary="vLLM >= 0.12: GuidedDecodingParams put back (built as StructuredOutputsParams); TRL's guided_decoding= "
+        "passed to SamplingParams as structured_outputs=",
+        symptom="`from trl import GRPOTrainer` (or `trl vllm-serve`): ImportError: cannot import name 'GuidedDecodingParams' "
+        "from 'vllm.sampling_params'",
+        upstream="https://github.com/huggingface/trl/issues/4617 (vLLM PR #29326 removed the name; fixed by TRL PR #4117 in 0.27.0)",
+        # The package: it is imported before the TRL modules that import the name, whose own import
+        # would be too late a trigger (see the patch's docstring).
+        trigger="trl",
+        must_exist="__version__",
+        changes=(
+            "vllm.sampling_params:GuidedDecodingParams",
+            "trl.trainer.grpo_trainer:SamplingParams",
+            "trl.scripts.vllm_serve:SamplingParams",
+        ),
+        # trl: vllm-serve from 0.16.0, the GRPO trainer from 0.18.0 (the probe reads which).
+        requires={"trl": affected("0.16.0", "0.27.0"), "vllm": affected("0.12.0")},
+        witnesses={
+            "trl": {"inside": ["0.16.0", "0.18.0", "0.26.2", "0.27.0.dev0"], "outside": ["0.15.2", "0.27.0"]},
+            "vllm": {"inside": ["0.12.0", "0.14.0"], "outside": ["0.11.2"]},
+        },
+        impl="trl_compat.patches.vllm_guided_decoding_import",
+        remove_when="trl_compat no longer supports TRL < 0.27.0",
+    ),
+    Patch(
+        id="vllm-serve-get-open-port",
+        summary="vLLM >= 0.14: vllm.utils.get_open_port re-exported from vllm.utils.network_utils, so `trl vllm-serve` starts",
+        symptom="`trl vllm-serve`: ImportError: cannot import name 'get_open_port' from 'vllm.utils'",
+        upstream="https://github.com/huggingface/trl/pull/4883 (fixed in 0.28.0)",
+        trigger="vllm.utils",
+        must_exist="__name__",  # the module itself: what the patch adds is the name it lacks
+        changes=("get_open_port",),
+        requires={"trl": affected("0.17.0", "0.28.0"), "vllm": affected("0.14.0")},
+        witnesses={
+            "trl": {"inside": ["0.17.0", "0.26.2", "0.27.2", "0.28.0.dev0"], "outside": ["0.16.0", "0.28.0"]},
+            "vllm": {"inside": ["0.14.0"], "outside": ["0.13.0", "0.12.0"]},
+        },
+        impl="trl_compat.patches.vllm_serve_get_open_port",
+        remove_when="trl_compat no longer supports TRL < 0.28.0",
+    ),
+    Patch(
+        id="tools-empty-list-server",
+        summary="TRL 0.26.0 server mode: tools=[] reaches VLLMClient.chat as None, so chat prompts without tools generate",
+        symptom="NotImplementedError: Tool calling is not yet implemented in VLLMClient.chat().",
+        upstream="https://github.com/huggingface/trl/pull/4663 (fixed in 0.26.1)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",  # the trainer binds VLLMClient from trl.extras.vllm_client, whose chat is wrapped
+        changes=("trl.extras.vllm_client:VLLMClient.chat",),
+        requires={"trl": affected("0.26.0", "0.26.1"), "vllm": ">=0"},  # use_vllm=True needs vLLM installed
+        witnesses={"trl": {"inside": ["0.26.0", "0.26.1.dev0"], "outside": ["0.25.1", "0.26.1"]}},
+        impl="trl_compat.patches.tools_empty_list_server",
+        remove_when="trl_compat no longer supports TRL 0.26.0",
     ),
     # Known breaks with newer (or older) vLLM / transformers / peft that an upgrade ends and no fix
     # here could be proved on the CPU (branch `advice`): the probe says "undecided" with the upgrade

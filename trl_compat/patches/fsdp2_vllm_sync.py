@@ -1,7 +1,20 @@
-"""fsdp2-vllm-sync: under FSDP2, TRL 0.18/0.19 send no weight to vLLM; vLLM keeps the initial ones.
+"""fsdp2-vllm-sync: under FSDP2, TRL 0.18/0.19 send no weight to vLLM; 0.20 - 0.25 send LoRA's names.
 
-Remove this patch when trl_compat no longer supports TRL 0.18.x and 0.19.x (fixed in 0.20.0 by
-PR #3687, commit 5522cc0a3; main-branch builds from PR #3394, 18596cf23, up to it have the bug).
+Remove this patch when trl_compat no longer supports TRL < 0.26 (0.18/0.19 fixed in 0.20.0 by PR
+#3687, commit 5522cc0a3, main-branch builds from PR #3394, 18596cf23, up to it have the bug; the
+LoRA names of 0.20.0 - 0.25.1 fixed in 0.26.0 by PR #4603, commit 3979cccad).
+
+Second bug, TRL 0.20.0 - 0.25.1 (research C6; PR #4603): PR #3687's
+``GRPOTrainer._sync_fsdp2_params_to_vllm`` sends ``module.state_dict()`` names unmodified. With
+LoRA (``is_peft_model``: TRL merges the adapter, then calls it with the ``PeftModel``) these are
+``base_model.model....base_layer.weight`` plus ``lora_A``/``lora_B`` entries, and vLLM raises
+``ValueError: There is no module or parameter named 'base_model'`` at the first sync (colocate:
+in the trainer; server: in the worker). Probe: the method exists on ``GRPOTrainer`` and lacks
+``removeprefix("base_model.model.")`` (0.26.0's fix) while walking ``module.state_dict()``,
+``full_tensor()`` and ``load_weights``: "needed"; with the fix: "not needed"; another shape:
+"undecided". Fix: for a ``PeftModel`` the wrapper runs :func:`sync_fsdp2` below (the merged
+``base_layer`` weights under base names, adapters skipped, as PR #4603); any other model runs
+TRL's code.
 
 The bug (TRL PR #3670 "params were never synced", fixed by PR #3687): with ``use_vllm=True`` and
 FSDP (``self.is_fsdp_enabled``), ``GRPOTrainer._move_model_to_vllm`` hands the model to
@@ -14,9 +27,9 @@ while training goes on: GRPO silently optimises completions of the step-0 policy
 Affected: TRL 0.18.0 - 0.19.1 (colocate and server modes), with FSDP2 only. FSDP1, DeepSpeed
 and single-process runs take other paths and are left alone.
 
-Probe: the source of ``GRPOTrainer._sync_fsdp_params_to_vllm`` tests ``isinstance(module, FSDP)``
-and neither it nor ``_move_model_to_vllm`` knows FSDP2 (``full_tensor``, ``fsdp_version``). TRL
-0.20's ``_sync_fsdp1_params_to_vllm``/``_sync_fsdp2_params_to_vllm`` give "not needed". Whether a
+Probe (0.18/0.19): the source of ``GRPOTrainer._sync_fsdp_params_to_vllm`` tests ``isinstance(module, FSDP)``
+and neither it nor ``_move_model_to_vllm`` knows FSDP2 (``full_tensor``, ``fsdp_version``). From
+0.20 the FSDP2 sync is TRL's own (the second bug, above, is probed there). Whether a
 run uses FSDP2 is only known at the sync, so the patch is applied to the class and acts only when
 the module handed to the sync is FSDP2-sharded (a ``torch.distributed.fsdp.FSDPModule`` in it) and
 holds no FSDP1 module; any other call runs TRL's own code.
@@ -41,14 +54,15 @@ from trl_compat._engine import needed, not_needed, undecided
 from trl_compat._helpers.source import code, defining_class
 
 METHOD = "_sync_fsdp_params_to_vllm"
+FSDP2_METHOD = "_sync_fsdp2_params_to_vllm"  # TRL 0.20 - 0.25
 _WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig_mod.")
 
 
 def probe(module):
     cls = module.GRPOTrainer
     if defining_class(cls, METHOD) is None:
-        if defining_class(cls, "_sync_fsdp2_params_to_vllm") is not None:
-            return not_needed("GRPOTrainer syncs FSDP2 models to vLLM itself (_sync_fsdp2_params_to_vllm)")
+        if defining_class(cls, FSDP2_METHOD) is not None:
+            return _probe_fsdp2_sync(cls)
         return not_needed(f"GRPOTrainer has no {METHOD}: not the FSDP1-only weight sync this patch fixes")
     sync, move = code(getattr(cls, METHOD)), code(cls._move_model_to_vllm)
     if "full_tensor" in sync or "fsdp_version" in sync or "fsdp_version" in move:
@@ -61,6 +75,20 @@ def probe(module):
         f"GRPOTrainer.{METHOD} only syncs FSDP1 (FullyShardedDataParallel) modules: under FSDP2 it sends "
         "nothing and vLLM generates from the initial weights; the patch sends the full weights of FSDP2 "
         "models (so their generations change, as they should), anything else runs TRL's code"
+    )
+
+
+def _probe_fsdp2_sync(cls):
+    """TRL 0.20+: its own FSDP2 sync; 0.20 - 0.25 send PEFT's state_dict names unmodified."""
+    sync = code(getattr(cls, FSDP2_METHOD))
+    if 'removeprefix("base_model.model.")' in sync:
+        return not_needed(f"GRPOTrainer.{FSDP2_METHOD} gives vLLM the base model's names itself (PR #4603)")
+    if "module.state_dict()" not in sync or "full_tensor()" not in sync or "load_weights" not in sync:
+        return undecided(f"GRPOTrainer.{FSDP2_METHOD} is not the state_dict walk this patch knows")
+    return needed(
+        f"GRPOTrainer.{FSDP2_METHOD} sends module.state_dict() names as they are: with LoRA under FSDP2, vLLM gets "
+        "base_model.model....base_layer and lora_A/B names and raises ValueError at the first sync; the patch "
+        "sends the merged weights under the base model's names for PEFT models, anything else runs TRL's code"
     )
 
 
@@ -149,5 +177,20 @@ def _make_sync(original):
     return _sync_fsdp_params_to_vllm
 
 
+def _make_fsdp2_sync(original):
+    @functools.wraps(original)
+    def _sync_fsdp2_params_to_vllm(self, *args, **kwargs):
+        module = args[0] if args else kwargs.get("module")
+        if len(args) + len(kwargs) == 1 and _peft_prefix(module) is not None:
+            sync_fsdp2(self, module)  # TRL merged the adapter before calling: base_layer holds W + BA
+            return None
+        return original(self, *args, **kwargs)
+
+    return _sync_fsdp2_params_to_vllm
+
+
 def apply(module, patcher):
-    patcher.wrap(module.GRPOTrainer, METHOD, _make_sync)
+    if defining_class(module.GRPOTrainer, METHOD) is None:
+        patcher.wrap(module.GRPOTrainer, FSDP2_METHOD, _make_fsdp2_sync)
+    else:
+        patcher.wrap(module.GRPOTrainer, METHOD, _make_sync)

@@ -1,6 +1,6 @@
 """TEST-ONLY stand-in for vLLM 0.7.2 (distribution name ``vllm``, version ``0.7.2``; installed
-from ``tests/vllm_standin/v0.8.5`` or ``tests/vllm_standin/v0.9.1`` the same code calls itself
-``0.8.5`` / ``0.9.1`` and chooses its engine as vLLM >= 0.8 does, see below).
+from ``tests/vllm_standin/v<X>`` (v0.8.5, v0.9.1, v0.10.0, v0.10.1.1, v0.10.2, v0.11.2, v0.12.0, v0.14.0) the
+same code calls itself that version and behaves as that release does where noted below).
 
 This is NOT vLLM. It lives in trl_compat's ``tests/vllm_standin`` and is installed into test
 venvs only (``pip install ./tests/vllm_standin``) so that TRL's ``is_vllm_available()`` is True and
@@ -31,6 +31,37 @@ Reproduced faithfully (vLLM 0.7.2, tp=1, pp=1, no quantization):
   / ``.finish_reason``); completions stop after EOS / ``stop_token_ids`` and include that token.
   Sampling uses its own RNG (``LLM(seed=0)``) and never disturbs the caller's torch RNG.
 * ``SamplingParams`` with 0.7.2's fields/defaults/validation; unknown kwargs raise ``TypeError``.
+  ``truncate_prompt_tokens=k`` keeps the last ``k`` prompt tokens (``-1``: ``max_model_len``; TRL 0.24 / 0.25 pass it).
+* ``LLM(**kwargs)``: what its signature does not name goes to ``EngineArgs``; a name the installed
+  version's ``EngineArgs`` lacks raises ``TypeError: EngineArgs.__init__() got an unexpected keyword
+  argument 'x'`` (``vllm/engine/arg_utils.py``: ``logprobs_mode`` from 0.10.0, ``kv_cache_memory_bytes``
+  from 0.11.0; ``model_impl``, ``enable_sleep_mode``, ``max_num_batched_tokens``, ... all versions).
+* Log-probs: ``SamplingParams(logprobs=k)`` gives each completion ``logprobs``, one
+  ``{token_id: Logprob(logprob, rank, decoded_token)}`` dict per generated token, the sampled token
+  first, then the top ``k`` (``vllm.logprobs.Logprob``, also ``vllm.sequence.Logprob``), and
+  ``cumulative_logprob``. What they are follows ``LLM(logprobs_mode=...)`` (vLLM >= 0.10.0):
+  ``"raw_logprobs"`` (the default; and the only behaviour below 0.10: V1's) = log-softmax of the raw
+  logits (temperature 1, no penalties); ``"processed_logprobs"`` = log-softmax of the logits sampling
+  used, after repetition penalty, temperature and top-k / top-p / min-p masking; ``"raw_logits"`` /
+  ``"processed_logits"`` the same without the log-softmax. (Whether vLLM 0.10.0 / 0.10.1's
+  "processed" already included the temperature is not established upstream; the stand-in's does.)
+* Sleep mode (vLLM >= 0.10, V1): ``llm.sleep(level=1|2)`` resets the prefix cache and, with
+  ``enable_sleep_mode=True``, puts weights and KV cache to sleep: level 1 keeps the weights (CPU
+  offload), level 2 discards them, and what ``wake_up`` maps back is garbage: the stand-in
+  overwrites every weight from a fixed-seed generator (deterministic) at ``sleep(level=2)``.
+  ``llm.wake_up(tags=None|["weights"]|["kv_cache"])`` wakes those tags (a tag not asleep: vLLM warns
+  and wakes nothing); sleeping again while asleep does nothing. Without ``enable_sleep_mode`` nothing
+  is released (the allocator tracked nothing) and the weights stay. ``generate`` while a tag sleeps
+  (sleep mode on) raises ``RuntimeError`` (vLLM would run on unmapped memory).
+* ``llm.collective_rpc(method, timeout=None, args=(), kwargs=None)``: a worker method name (e.g.
+  ``"reload_weights"``: the model loader reads the checkpoint directory ``LLM`` was built from again
+  through ``model.load_weights``) or a callable taking the worker; returns ``[result]`` (one worker).
+* ``llm.chat(messages, sampling_params, chat_template=, add_generation_prompt=, continue_final_message=,
+  tools=, chat_template_kwargs=)``: one conversation or a list; each goes through the tokenizer's
+  chat template as text (``chat_template_kwargs`` update the other template arguments), is encoded
+  with ``add_special_tokens=False`` and generated as a token prompt (``RequestOutput.prompt`` None).
+* Import-only modules TRL 0.26 - 0.29's ``import trl`` patches: ``vllm.model_executor.model_loader.
+  weight_utils.DisabledTqdm``, ``vllm.transformers_utils.tokenizer.get_cached_tokenizer``.
 * The prefix cache's bookkeeping with ``enable_prefix_caching=True``: full blocks of prompt
   tokens (``block_size``, default 16) keyed by their content and everything before them, kept
   across ``load_weights`` and emptied only by ``LLM.reset_prefix_cache()``; the last prompt token is
@@ -55,12 +86,18 @@ Test instrumentation (not in vLLM): ``model.received_names`` (a list of name lis
 ``llm.generate_calls``, ``llm.received_prompt_ids`` (per ``generate()`` call, the prompt token ids of
 each request as vLLM would have run them, recorded even when the call is rejected),
 ``llm.prefix_cache_resets``, ``llm.prefix_cache_log``,
-``llm.engine_kwargs`` / ``llm.init_kwargs``.
+``llm.engine_kwargs`` / ``llm.init_kwargs``, ``llm.returned_completion_ids`` (per ``generate()`` call,
+every completion's token ids), ``llm.engine_calls`` (every ``sleep`` / ``wake_up`` / ``collective_rpc``
+/ ``generate`` / ``chat`` call in order, as ``(name, argument)``), ``llm.chat_calls``,
+``llm.received_chat_prompts`` (per ``chat()`` call, each conversation's templated text),
+``llm.sleeping_tags``, ``model.scrambled_versions`` (``weights_version`` values a level-2 sleep left garbage in).
+``collective_rpc("reload_weights")``'s load is not recorded in ``model.received_names``.
 
 Not reproduced: the engine itself (scheduler, paged KV cache, KV reuse from the prefix cache, CUDA graphs), GPU
-memory accounting, tensor/pipeline parallelism, quantization, LoRA requests, logprobs, stop strings,
+memory accounting, tensor/pipeline parallelism, quantization, LoRA requests, prompt logprobs, stop strings,
 guided decoding, beam search, V1's other reasons to fall back to V0 (only the dtype is checked),
-0.7.x's opt-in V1 engine, the vLLM server / NCCL weight sync used by TRL >= 0.16
+0.7.x's opt-in V1 engine, vLLM 0.11's removal of V0 (every version >= 0.8
+keeps 0.8/0.9's V0/V1 choice), the memory sleep mode frees, multi-modal chat, the vLLM server / NCCL weight sync used by TRL >= 0.16
 (``vllm.distributed...`` and other modules newer TRL imports exist as import-only placeholders that
 raise ``NotImplementedError`` when used), any architecture other than Qwen2 / Llama, and the CPU
 platform's own dtype rules. Numerics match a Hugging Face forward, not vLLM's kernels.
@@ -73,7 +110,15 @@ with, whose ``colocate`` mode builds ``LLM(..., distributed_executor_backend="ex
 max_model_len=max_prompt_length + max_completion_length, ...)`` and reaches the same
 ``llm_engine.model_executor.driver_worker.model_runner.model``, ``generate`` and
 ``reset_prefix_cache``. Only the engine choice depends on the version (above); ``__version__`` is
-the installed distribution's.
+the installed distribution's. The TRL 0.20 - 0.29 cells install ``v0.10.0`` (0.20), ``v0.10.1.1``
+(0.22), ``v0.10.2`` (0.23, 0.24), ``v0.11.2`` (0.26.0) and ``v0.12.0`` (0.28, 0.29), whose colocate mode
+(``vllm_mode="colocate"``) builds ``LLM(..., distributed_executor_backend="external_launcher",
+max_num_batched_tokens=4096, model_impl=..., enable_sleep_mode=..., logprobs_mode="processed_logprobs"
+(0.24+), quantization=None (0.26+))``, generates (``generate``; ``chat`` for conversational prompts in
+0.25 - 0.27; token prompts from 0.28), reads ``output.logprobs`` (``SamplingParams(logprobs=0)``) and,
+with sleep mode on, calls ``sleep`` / ``wake_up`` / ``collective_rpc("reload_weights")``.
+Version-dependent here: the engine choice, the ``EngineArgs`` fields, ``logprobs_mode``, ``top_k=0``
+(disabled from 0.10), and the module layout of ``vllm/sampling_params.py`` / ``vllm.utils`` (0.11, 0.12, 0.14).
 """
 
 import importlib.metadata as _metadata
@@ -86,6 +131,11 @@ __stand_in__ = True  # lets tests tell this apart from a real vLLM
 
 from .entrypoints.llm import LLM
 from .outputs import CompletionOutput, RequestOutput
-from .sampling_params import GuidedDecodingParams, SamplingParams
+from .sampling_params import GUIDED_DECODING as _GUIDED_DECODING
+from .sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "GuidedDecodingParams", "RequestOutput", "CompletionOutput", "__version__"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
+if _GUIDED_DECODING:  # gone from 0.12.0 (see sampling_params.py)
+    from .sampling_params import GuidedDecodingParams  # noqa: F401
+
+    __all__.append("GuidedDecodingParams")

@@ -1,29 +1,51 @@
 """Stand-in for ``vllm.sampling_params`` (vLLM 0.7.2 field names and defaults).
 
 Unknown keyword arguments raise ``TypeError`` (as vLLM's msgspec struct does). Fields the stand-in
-cannot honour when generating (``logprobs``, ``prompt_logprobs``, ``stop`` strings, ``guided_decoding``,
+cannot honour when generating (``prompt_logprobs``, ``stop`` strings, ``guided_decoding``,
 ``logits_processors``, ``best_of`` > n, penalties other than ``repetition_penalty``, ...) are accepted
 here and rejected with ``NotImplementedError`` by ``LLM.generate``.
+
+Its layout follows the installed version (the stand-in's distribution version): from 0.11.0
+``SamplingParams`` also takes ``structured_outputs=`` (vLLM PR #22772; TRL 0.27 passes it for
+vLLM > 0.10.2); from 0.12.0 ``GuidedDecodingParams`` is gone and ``guided_decoding=`` is an
+unknown keyword (vLLM PR #29326, "scheduled removal of guided_*"), so TRL 0.18 - 0.26's
+``from vllm.sampling_params import GuidedDecodingParams`` fails as it does on vLLM 0.12.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
+import re
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 
-@dataclass
-class GuidedDecodingParams:
-    """Placeholder with vLLM 0.7.2's fields; guided decoding itself is not implemented."""
+def _installed_version() -> tuple:
+    try:
+        version = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:  # imported from the source tree
+        version = "0.7.2"
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
 
-    json: Optional[Union[str, dict]] = None
-    regex: Optional[str] = None
-    choice: Optional[list] = None
-    grammar: Optional[str] = None
-    json_object: Optional[bool] = None
-    backend: Optional[str] = None
-    whitespace_pattern: Optional[str] = None
+
+STRUCTURED_OUTPUTS = _installed_version() >= (0, 11)  # SamplingParams(structured_outputs=...)
+GUIDED_DECODING = _installed_version() < (0, 12)  # GuidedDecodingParams, SamplingParams(guided_decoding=...)
+
+
+if GUIDED_DECODING:
+
+    @dataclass
+    class GuidedDecodingParams:
+        """Placeholder with vLLM 0.7.2's fields; guided decoding itself is not implemented."""
+
+        json: Optional[Union[str, dict]] = None
+        regex: Optional[str] = None
+        choice: Optional[list] = None
+        grammar: Optional[str] = None
+        json_object: Optional[bool] = None
+        backend: Optional[str] = None
+        whitespace_pattern: Optional[str] = None
 
 
 @dataclass
@@ -64,7 +86,10 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     truncate_prompt_tokens: Optional[int] = None
     output_kind: Any = None
-    guided_decoding: Optional[GuidedDecodingParams] = None
+    if GUIDED_DECODING:
+        guided_decoding: Optional[Any] = None
+    if STRUCTURED_OUTPUTS:
+        structured_outputs: Optional[StructuredOutputsParams] = None
     logit_bias: Optional[dict] = None
     allowed_token_ids: Optional[list] = None
 
@@ -75,8 +100,14 @@ class SamplingParams:
             raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if self.top_k == 0 and _installed_version() >= (0, 10):
+            # newer vLLM reads 0 as "disabled", like -1 (vLLM #17553; checked here from 0.10, the
+            # release TRL 0.28's default top_k=0 meets first; the exact vLLM release is not checked)
+            self.top_k = -1
         if self.top_k < -1 or self.top_k == 0:
             raise ValueError(f"top_k must be -1 (disable), or at least 1, got {self.top_k}.")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError(f"logprobs must be non-negative, got {self.logprobs}.")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
         if self.stop_token_ids is None:
@@ -96,15 +127,14 @@ class SamplingParams:
             "frequency_penalty",
             "stop",
             "bad_words",
-            "logprobs",
             "prompt_logprobs",
             "logits_processors",
-            "truncate_prompt_tokens",
             "guided_decoding",
+            "structured_outputs",
             "logit_bias",
             "allowed_token_ids",
         ):
-            if getattr(self, name) != defaults[name]:
+            if name in defaults and getattr(self, name) != defaults[name]:  # a field this version lacks
                 bad.append(name)
         if self.best_of is not None and self.best_of != self.n:
             bad.append("best_of")

@@ -52,12 +52,19 @@ _STATE = "_trl_compat_vllm_prompts"
 
 
 # Where TRL tokenises the prompts and calls vLLM: compute_loss (0.14), _prepare_inputs (0.15),
-# _generate_and_score_completions (0.16+).
-_CANDIDATES = ("_generate_and_score_completions", "_prepare_inputs", "compute_loss")
+# _generate_and_score_completions (0.16 - 0.23), _generate_single_turn (0.24+, where the prompt
+# patches' windows have ended: found so that their probes can say why).
+_CANDIDATES = ("_generate_and_score_completions", "_prepare_inputs", "compute_loss", "_generate_single_turn")
 
 
 def calls_vllm(source) -> bool:
     return "self.llm.generate(" in source or "self.vllm_client.generate(" in source
+
+
+def trains_on_vllm_prompt_ids(source) -> bool:
+    """TRL >= 0.24 (PR #4152) trains on the prompt ids vLLM ran (``output.prompt_token_ids`` of the
+    in-process engine, the server's ``"prompt_ids"``), whatever vLLM's tokenisation gave."""
+    return "output.prompt_token_ids for output in all_outputs" in source
 
 
 def generation_method(cls: type) -> Optional[str]:
@@ -71,8 +78,13 @@ def generation_method(cls: type) -> Optional[str]:
 
 def calls_vllm_with_text(source) -> bool:
     """TRL hands vLLM the prompt *texts*: the in-process ``self.llm.generate(all_prompts_text``
-    (0.14/0.15, 0.18/0.19 colocate) or the server client's ``prompts=ordered_set_of_prompts``."""
-    return "self.llm.generate(all_prompts_text" in source or "self.vllm_client.generate(prompts=ordered_set_of_prompts" in source
+    (0.14/0.15, 0.18/0.19 colocate; 0.20 - 0.23: ``vllm_inputs = all_prompts_text``) or the server
+    client's ``prompts=ordered_set_of_prompts``."""
+    return (
+        "self.llm.generate(all_prompts_text" in source
+        or ("vllm_inputs = all_prompts_text" in source and "self.llm.generate(vllm_inputs" in source)
+        or "self.vllm_client.generate(prompts=ordered_set_of_prompts" in source
+    )
 
 
 def wrap_generation(module, patcher, fix: str) -> None:

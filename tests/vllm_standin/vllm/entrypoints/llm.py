@@ -10,7 +10,9 @@ from typing import Any, Optional, Sequence, Union
 
 import torch
 
+from ..engine.arg_utils import LOGPROBS_MODES, check_engine_kwargs
 from ..engine.llm_engine import LLMEngine
+from ..logprobs import Logprob
 from ..model_executor.models import build_model
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
@@ -101,6 +103,12 @@ class LLM:
             raise NotImplementedError("vllm stand-in: quantization is not supported")
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"GPU memory utilization must be within (0, 1]. Got {gpu_memory_utilization}.")
+        check_engine_kwargs(kwargs)
+        # vLLM >= 0.10.0 (check_engine_kwargs refuses the name before): which log-probs
+        # SamplingParams(logprobs=k) returns, of the raw logits (default) or of the processed ones
+        self.logprobs_mode = kwargs.get("logprobs_mode", "raw_logprobs")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"Invalid logprobs_mode {self.logprobs_mode!r}: expected one of {LOGPROBS_MODES}")
 
         self.model_path = os.fspath(model)
         self.engine_kwargs = dict(kwargs)
@@ -130,7 +138,7 @@ class LLM:
 
         # The engine TRL reaches into: V0 (model_executor.driver_worker here) or, vLLM >= 0.8's
         # default, V1 (see vllm/engine/arg_utils.py). Generation runs this worker's model either way.
-        self._worker = Worker(ModelRunner(packed), device=str(self.device))
+        self._worker = Worker(ModelRunner(packed, lambda: _checkpoint_weights(self.model_path)), device=str(self.device))
         model_config = SimpleNamespace(hf_config=self.hf_config, dtype=self.dtype, max_model_len=self.max_model_len)
         self.llm_engine = LLMEngine.from_engine_args(
             SimpleNamespace(
@@ -150,6 +158,7 @@ class LLM:
         self._request_counter = itertools.count()
         self.generate_calls = 0
         self.received_prompt_ids: list[list[list[int]]] = []  # per generate() call: each request's prompt ids
+        self.returned_completion_ids: list[list[list[int]]] = []  # per generate() call: every completion's ids
         self.prefix_cache_resets = 0
         # Automatic prefix caching as vLLM 0.7's block manager keeps it: full blocks of prompt
         # tokens, keyed by their content and everything before them, never by the weights that
@@ -159,6 +168,16 @@ class LLM:
         # those were computed under older weights than the ones loaded now ("stale").
         self.enable_prefix_caching = bool(kwargs.get("enable_prefix_caching", False))
         self.block_size = int(kwargs.get("block_size") or 16)
+        # Sleep mode (vLLM's CuMemAllocator): only memory allocated while enable_sleep_mode=True is
+        # released by sleep(); without it sleep()/wake_up() leave the weights as they are.
+        self.enable_sleep_mode = bool(kwargs.get("enable_sleep_mode", False))
+        self.sleeping_tags: set[str] = set()
+        # every sleep / wake_up / collective_rpc / generate / chat call, in order, as
+        # (name, argument): ("sleep", level), ("wake_up", tags), ("collective_rpc", method name),
+        # ("generate", number of prompts), ("chat", number of conversations)
+        self.engine_calls: list[tuple] = []
+        self.chat_calls = 0
+        self.received_chat_prompts: list[list[str]] = []  # per chat() call: each conversation's templated text
         self._cached_blocks: dict[tuple, int] = {}  # prompt prefix ending a block -> weights_version
         self.prefix_cache_log: list[dict] = []
 
@@ -230,7 +249,93 @@ class LLM:
                 f"{self.max_model_len}. Make sure that `max_model_len` is no smaller than the number of text tokens."
             )
 
+    # -- sleep mode and worker RPCs (vLLM >= 0.10, V1) ------------------------------------------------
+    def sleep(self, level: int = 1) -> None:
+        """``LLM.sleep``: resets the prefix cache, then the executor's sleep. With sleep mode on,
+        level 1 offloads the weights to CPU memory (kept) and level 2 discards them: the memory
+        ``wake_up`` maps back holds garbage, which the stand-in makes deterministic (every weight
+        overwritten from a fixed-seed generator) until the weights are loaded again
+        (``collective_rpc("reload_weights")`` or a weight sync). The KV cache is dropped either way."""
+        self.engine_calls.append(("sleep", level))
+        self.reset_prefix_cache()
+        if self.sleeping_tags:  # vLLM's executor: "Executor is already sleeping." (warning, nothing done)
+            return
+        if self.enable_sleep_mode and level == 2:
+            self._scramble_weights()
+        self.sleeping_tags = {"weights", "kv_cache"}
+
+    def wake_up(self, tags: Optional[list] = None) -> None:
+        """``LLM.wake_up``: ``tags=None`` wakes everything, else only ``"weights"`` / ``"kv_cache"``;
+        a tag that is not asleep makes vLLM warn and wake nothing."""
+        self.engine_calls.append(("wake_up", None if tags is None else list(tags)))
+        if not self.sleeping_tags:
+            return
+        if tags:
+            if any(tag not in self.sleeping_tags for tag in tags):
+                return
+            self.sleeping_tags -= set(tags)
+        else:
+            self.sleeping_tags.clear()
+
+    @torch.no_grad()
+    def _scramble_weights(self) -> None:
+        gen = torch.Generator().manual_seed(1234)
+        model = self.model
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float32).to(param.dtype))
+        model.weights_version += 1
+        model.scrambled_versions.append(model.weights_version)
+
+    def collective_rpc(self, method: Any, timeout: Optional[float] = None, args: tuple = (), kwargs: Optional[dict] = None) -> list:
+        """``LLM.collective_rpc``: runs ``method`` (a worker method's name, or a callable taking the
+        worker first) on every worker (one here) and returns their results in a list."""
+        self.engine_calls.append(("collective_rpc", method if isinstance(method, str) else getattr(method, "__name__", repr(method))))
+        kwargs = kwargs or {}
+        if isinstance(method, str):
+            return [getattr(self._worker, method)(*args, **kwargs)]
+        return [method(self._worker, *args, **kwargs)]
+
     # -- generation ---------------------------------------------------------------------------------
+    def chat(
+        self,
+        messages: Any,
+        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+        use_tqdm: bool = True,
+        lora_request: Any = None,
+        chat_template: Optional[str] = None,
+        chat_template_content_format: str = "auto",
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: Optional[list] = None,
+        chat_template_kwargs: Optional[dict] = None,
+        mm_processor_kwargs: Optional[dict] = None,
+    ) -> list[RequestOutput]:
+        """``LLM.chat`` (vLLM 0.10 - 0.12, Hugging Face tokenizers): each conversation goes through the
+        tokenizer's chat template (``chat_template`` / ``tools`` / ``add_generation_prompt`` /
+        ``continue_final_message``, updated by ``chat_template_kwargs``) as text, which is encoded
+        with ``add_special_tokens=False`` ("special tokens are already included in chat templates")
+        and generated as a token prompt."""
+        if mm_processor_kwargs:
+            raise NotImplementedError("vllm stand-in: multi-modal chat is not supported")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        self.engine_calls.append(("chat", len(conversations)))
+        self.chat_calls += 1
+        texts: list[str] = []
+        self.received_chat_prompts.append(texts)
+        prompts = []
+        for conversation in conversations:
+            template_kwargs = dict(
+                chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tools=tools,
+            )
+            template_kwargs.update(chat_template_kwargs or {})
+            text = self.tokenizer.apply_chat_template(conversation, tokenize=False, **template_kwargs)
+            texts.append(text)
+            prompts.append({"prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request, _record=False)
+
     def generate(
         self,
         prompts: Union[str, dict, Sequence[Union[str, dict]], None] = None,
@@ -241,6 +346,7 @@ class LLM:
         prompt_adapter_request: Any = None,
         guided_options_request: Any = None,
         priority: Optional[list] = None,
+        _record: bool = True,
     ) -> list[RequestOutput]:
         if lora_request is not None or prompt_adapter_request is not None or guided_options_request is not None:
             raise NotImplementedError("vllm stand-in: LoRA / prompt adapters / guided decoding are not supported")
@@ -257,7 +363,11 @@ class LLM:
             params_list = list(sampling_params)
             if len(params_list) != len(prompts):
                 raise ValueError("The lengths of prompts and sampling_params must be the same.")
+        if _record:
+            self.engine_calls.append(("generate", len(prompts)))
         self.generate_calls += 1
+        if self.sleeping_tags and self.enable_sleep_mode:
+            raise RuntimeError(f"vllm stand-in: generate() while the engine sleeps ({sorted(self.sleeping_tags)} not woken up)")
         self._sync_hf_model()
         requests = []
         # recorded before validation, so a test sees what a rejected call carried too
@@ -268,6 +378,10 @@ class LLM:
             if unsupported:
                 raise NotImplementedError(f"vllm stand-in: SamplingParams fields not supported: {unsupported}")
             text, ids = self._prompt_ids(prompt)
+            if sp.truncate_prompt_tokens is not None:
+                # "use only the last k tokens from the prompt (i.e., left truncation)"; -1: max_model_len
+                keep = self.max_model_len if sp.truncate_prompt_tokens == -1 else sp.truncate_prompt_tokens
+                ids = ids[-keep:]
             received.append(ids)
             self._validate_prompt(ids)
             requests.append((text, ids, sp))
@@ -283,6 +397,7 @@ class LLM:
         for indices in batches.values():
             for index, output in zip(indices, self._generate_batch([requests[i] for i in indices])):
                 results[index] = output
+        self.returned_completion_ids.append([list(c.token_ids) for r in results for c in r.outputs])  # type: ignore[union-attr]
         return results  # type: ignore[return-value]
 
     @torch.no_grad()
@@ -313,6 +428,9 @@ class LLM:
             )
         else:
             gen_kwargs.update(temperature=None, top_k=None, top_p=None)
+        want_logprobs = sp.logprobs is not None
+        if want_logprobs:
+            gen_kwargs.update(return_dict_in_generate=True, output_scores=True, output_logits=True)
         generation_config = GenerationConfig(**gen_kwargs)
         seed = sp.seed if sp.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seed_gen))
         input_ids = torch.tensor([ids for _, ids, _ in requests for _ in range(sp.n)], dtype=torch.long)
@@ -323,6 +441,15 @@ class LLM:
                 attention_mask=torch.ones_like(input_ids),
                 generation_config=generation_config,
             )
+        if want_logprobs:
+            # per step: raw logits (before any processor) and the processed scores sampling used
+            # (penalties, temperature, top-k/top-p/min-p masking), each [batch, vocab]
+            step_values = out.logits if self.logprobs_mode.startswith("raw") else out.scores
+            if self.logprobs_mode.endswith("logprobs"):
+                step_values = [torch.log_softmax(v.float(), dim=-1) for v in step_values]
+            else:
+                step_values = [v.float() for v in step_values]
+            out = out.sequences
         rows = out[:, prompt_len:].tolist()
         results = []
         for r, (text, ids, _) in enumerate(requests):
@@ -334,11 +461,17 @@ class LLM:
                         token_ids, finish_reason = row[: pos + 1], "stop"
                         stop_reason = None if tok == eos and not sp.ignore_eos else tok
                         break
+                logprobs = cumulative = None
+                if want_logprobs:
+                    logprobs = self._token_logprobs([v[r * sp.n + index] for v in step_values], token_ids, sp.logprobs)
+                    cumulative = float(sum(next(iter(lp.values())).logprob for lp in logprobs))
                 completions.append(
                     CompletionOutput(
                         index=index,
                         text=self.tokenizer.decode(token_ids, skip_special_tokens=sp.skip_special_tokens),
                         token_ids=list(token_ids),
+                        cumulative_logprob=cumulative,
+                        logprobs=logprobs,
                         finish_reason=finish_reason,
                         stop_reason=stop_reason,
                     )
@@ -354,3 +487,18 @@ class LLM:
                 )
             )
         return results
+
+    def _token_logprobs(self, values: list, token_ids: list, k: int) -> list[dict]:
+        """vLLM's sample logprobs: per generated token a dict, the sampled token first, then the top
+        ``k`` (the sampled one is not repeated), each a ``Logprob`` with its rank."""
+        result = []
+        for step, token in enumerate(token_ids):
+            row = values[step]
+            chosen = row[token]
+            entries = {int(token): Logprob(float(chosen), int((row > chosen).sum()) + 1, self.tokenizer.decode([token]))}
+            if k:
+                top = torch.topk(row, k)
+                for rank, (value, tid) in enumerate(zip(top.values.tolist(), top.indices.tolist()), start=1):
+                    entries.setdefault(int(tid), Logprob(float(value), rank, self.tokenizer.decode([tid])))
+            result.append(entries)
+        return result

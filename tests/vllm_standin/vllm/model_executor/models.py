@@ -492,6 +492,7 @@ class _ForCausalLM(nn.Module):
         self.received_names: list[list[str]] = []  # one list of incoming names per load_weights call
         self.loaded_names: list[set[str]] = []  # what each successful call returned
         self.weights_version = 0  # bumped by every load_weights call (even one that raised midway)
+        self.scrambled_versions: list[int] = []  # weights_version values a level-2 sleep left garbage in
         self._recording = True
 
     # -- vLLM API -----------------------------------------------------------------------------------

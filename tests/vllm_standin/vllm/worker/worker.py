@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Iterable, Optional
 
 
 class ModelRunner:
     """``llm.llm_engine.model_executor.driver_worker.model_runner``: holds ``.model``."""
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, load_checkpoint: Optional[Callable[[], Iterable]] = None):
         self.model = model
+        self._load_checkpoint = load_checkpoint
+
+    def reload_weights(self) -> None:
+        """vLLM's ``GPUModelRunner.reload_weights``: the model loader reads the checkpoint the engine was
+        built from again and feeds it through ``model.load_weights`` (not recorded as a sync here)."""
+        recording, self.model._recording = self.model._recording, False
+        try:
+            self.model.load_weights(self._load_checkpoint())
+        finally:
+            self.model._recording = recording
 
 
 class Worker:
@@ -24,6 +34,10 @@ class Worker:
 
     def _assert_memory_footprint_increased_during_profiling(self) -> None:
         self.memory_profiling_checks += 1
+
+    def reload_weights(self) -> None:
+        """V1 ``gpu_worker.Worker.reload_weights`` (what ``llm.collective_rpc("reload_weights")`` runs)."""
+        self.model_runner.reload_weights()
 
     def determine_num_available_blocks(self) -> tuple[int, int]:
         self._assert_memory_footprint_increased_during_profiling()

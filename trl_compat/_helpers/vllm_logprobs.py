@@ -1,0 +1,65 @@
+"""``vllm.LLM`` built with ``logprobs_mode="processed_logprobs"`` where the caller passed none: the
+helper behind ``vllm-is-raw-logprobs`` (TRL's colocated engine, ``trl.trainer.grpo_trainer.LLM``) and
+``vllm-serve-raw-logprobs`` (``trl vllm-serve``'s engine, ``trl.scripts.vllm_serve.LLM``).
+
+vLLM >= 0.10.0 returns, for ``SamplingParams(logprobs=k)``, the log-probs of the RAW logits
+(``logprobs_mode="raw_logprobs"``, temperature 1) unless the engine is built with
+``"processed_logprobs"`` (after temperature, penalties, top-k/top-p). TRL's importance-sampling
+correction divides its tempered log-probs by them. Below vLLM 0.10.0 ``EngineArgs`` has no such
+field (``LLM(logprobs_mode=...)`` is a ``TypeError``): nothing is added there.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+from typing import Callable, Optional
+
+PROCESSED = "processed_logprobs"
+FIELD_SINCE = (0, 10, 0)  # vLLM's EngineArgs.logprobs_mode
+# prime-rl PR #697 reports vLLM 0.10.0's "processed" log-probs without the temperature; TRL #4163
+# pinned vLLM 0.10.2 with its fix. Between the two it is not established which release changed it.
+TEMPERATURE_SURE_SINCE = (0, 10, 2)
+
+
+def vllm_version() -> Optional[tuple]:
+    """The installed vLLM's release as a tuple of ints (None: not installed or unreadable)."""
+    try:
+        text = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(text).release
+    except InvalidVersion:
+        return None
+
+
+def processed_logprobs_llm(real: type, patch_id: str, unsure: Callable[[tuple], None]) -> type:
+    """A subclass of ``real`` (``vllm.LLM``) whose constructor adds ``logprobs_mode="processed_logprobs"``
+    when the caller passed none and the installed vLLM has the field; everything else untouched.
+    ``unsure(version)`` is called when it adds it on a vLLM older than ``TEMPERATURE_SURE_SINCE``.
+    A subclass, so that ``isinstance`` checks and subclasses of the module global still work."""
+
+    @functools.wraps(real.__init__)
+    def __init__(self, *args, **kwargs):
+        version = vllm_version()
+        if "logprobs_mode" not in kwargs and version is not None and version >= FIELD_SINCE:
+            kwargs["logprobs_mode"] = PROCESSED
+            if version < TEMPERATURE_SURE_SINCE:
+                unsure(version)
+        real.__init__(self, *args, **kwargs)
+
+    return type(
+        real.__name__,
+        (real,),
+        {
+            "__init__": __init__,
+            "__module__": __name__,
+            "__qualname__": real.__qualname__,
+            "__doc__": f"trl_compat {patch_id}: {real.__module__}.{real.__qualname__} built with logprobs_mode="
+            f"'{PROCESSED}' unless the caller passes one.",
+            "_trl_compat_wraps": real,
+        },
+    )
