@@ -23,11 +23,16 @@ def unpatched():
 # without this, which engine a test gets, and what a `python -m trl_compat` subprocess reports,
 # would depend on the tests that ran before it.
 VLLM_ENGINE_VARS = ("VLLM_USE_V1", "VLLM_ENABLE_V1_MULTIPROCESSING")
+# TRL >= 0.18's colocate mode writes torch.distributed's rendezvous variables into os.environ for the
+# whole process; a later trainer's TrainingArguments then reads LOCAL_RANK=0 as a distributed launch
+# and accelerate wraps the model in DDP (with TRL 0.22/0.23's gradient checkpointing and LoRA:
+# "Expected to mark a variable ready only once"). Each test gets the environment it started with.
+RENDEZVOUS_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 @pytest.fixture(autouse=True)
 def _vllm_engine_choice_per_test():
-    saved = {name: os.environ.get(name) for name in VLLM_ENGINE_VARS}
+    saved = {name: os.environ.get(name) for name in VLLM_ENGINE_VARS + RENDEZVOUS_VARS}
     yield
     for name, value in saved.items():
         if value is None:
