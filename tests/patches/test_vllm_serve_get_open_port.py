@@ -19,6 +19,7 @@
 import importlib.util
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -82,7 +83,8 @@ def start_server(model_dir, tmp_path, disable=""):
     cmd = [sys.executable, "-m", "trl_compat", "run", "--", "trl", "vllm-serve", "--model", str(model_dir)]
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
     with open(log, "w") as out:
-        process = subprocess.Popen(cmd, env=env, cwd=SUPPORT, stdout=out, stderr=subprocess.STDOUT)
+        # its own session: stop() kills the server and the engine processes it forks, all of them
+        process = subprocess.Popen(cmd, env=env, cwd=SUPPORT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     return process, port, log
 
 
@@ -111,8 +113,12 @@ def post(port, path, body):
 
 
 def stop(process):
-    if process.poll() is None:
-        process.kill()
+    """SIGKILL to the server's process group (its forked engine workers outlive a killed server,
+    and it does not exit on SIGTERM while they run)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
     process.wait(timeout=30)
 
 
