@@ -9,13 +9,17 @@
   vllm-guided-decoding-import on, which the same file needs first on TRL <= 0.26.2) it dies with
   ``ImportError: cannot import name 'get_open_port' from 'vllm.utils'``; with it the module
   imports and ``trl.scripts.vllm_serve.main`` runs. How far it then gets depends on the cell: where
-  FastAPI and uvicorn are installed, the test waits for its ``/health/`` endpoint; where they are not
-  (the cells pin neither), ``main`` stops at its first check, ``ImportError: FastAPI is required to
-  run the vLLM serve script``, which only a process past the import can reach.
+  FastAPI and uvicorn are installed (the trl0.26.2 cell pins them), the server comes up on the
+  stand-in: its ``/health/`` endpoint answers and a ``/generate/`` request returns completions (TRL's
+  ``SamplingParams(guided_decoding=None, ...)`` in the server process: vllm-guided-decoding-import
+  at work there too); where they are not, ``main`` stops at its first check, ``ImportError: FastAPI
+  is required to run the vLLM serve script``, which only a process past the import can reach.
 """
 
 import importlib.util
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -79,7 +83,8 @@ def start_server(model_dir, tmp_path, disable=""):
     cmd = [sys.executable, "-m", "trl_compat", "run", "--", "trl", "vllm-serve", "--model", str(model_dir)]
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
     with open(log, "w") as out:
-        process = subprocess.Popen(cmd, env=env, cwd=SUPPORT, stdout=out, stderr=subprocess.STDOUT)
+        # its own session: stop() kills the server and the engine processes it forks, all of them
+        process = subprocess.Popen(cmd, env=env, cwd=SUPPORT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     return process, port, log
 
 
@@ -99,9 +104,21 @@ def wait(process, port, timeout):
     return False
 
 
+def post(port, path, body):
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
 def stop(process):
-    if process.poll() is None:
-        process.kill()
+    """SIGKILL to the server's process group (its forked engine workers outlive a killed server,
+    and it does not exit on SIGTERM while they run)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
     process.wait(timeout=30)
 
 
@@ -122,14 +139,20 @@ def test_unpatched_server_dies_on_the_import(model_dir, tmp_path):
 def test_patched_server_gets_past_the_import(model_dir, tmp_path):
     assert trl_compat.status(PATCH_ID) in (trl_compat.APPLIED, trl_compat.PENDING), trl_compat.report()
     process, port, log = start_server(model_dir, tmp_path)
+    generated = None
     try:
         healthy = wait(process, port, timeout=240)
+        if healthy:
+            generated = post(port, "/generate/", {"prompts": ["hello world"], "max_tokens": 4})
     finally:
         stop(process)
     text = log.read_text()
     assert IMPORT_ERROR not in text and "GuidedDecodingParams" not in text, text[-3000:]
     if SERVES:
         assert healthy, text[-3000:]
+        # TRL's /generate/ builds SamplingParams(guided_decoding=None, ...): vllm-guided-decoding-import
+        # hands it to vLLM 0.14 as structured_outputs=, and the stand-in generates
+        assert len(generated["completion_ids"]) == 1 and 1 <= len(generated["completion_ids"][0]) <= 4, generated
     else:
         # the first statement of trl.scripts.vllm_serve.main: only a process past the import gets there
         assert NO_FASTAPI in text and 'vllm_serve.py", line' in text and "in main" in text, text[-3000:]
