@@ -14,6 +14,7 @@
 """
 
 import importlib
+import os
 import re
 import uuid
 
@@ -34,6 +35,8 @@ TRANSFORMERS = installed("transformers")
 LOOP = TRL is not None and Version("0.26.0") <= TRL < Version("0.29.1")
 TF5 = TRANSFORMERS is not None and TRANSFORMERS >= Version("5.0.0.dev0")
 needs_trl = pytest.mark.skipif(TRL is None, reason="trl is not installed")
+# the matrix cells of TRL 0.26 - 0.29.0 on transformers 5 switch it off (tox.ini): "undecided" stops strict runs
+SWITCHED_OFF = PID in {i.strip() for i in os.environ.get("TRL_COMPAT_DISABLE", "").split(",")}
 loop_on_tf4 = pytest.mark.skipif(not LOOP or TF5, reason=f"TRL {TRL} x transformers {TRANSFORMERS}: not a tool loop on transformers 4")
 loop_on_tf5 = pytest.mark.skipif(
     not LOOP or not TF5,
@@ -72,7 +75,10 @@ def test_status_is_never_applied():
     import trl.trainer.grpo_trainer  # noqa: F401 - the trigger module
 
     status = trl_compat.status(PID)
-    assert status == (trl_compat.UNDECIDED if LOOP and TF5 else trl_compat.NOT_NEEDED), trl_compat.report()
+    if SWITCHED_OFF:
+        assert status == trl_compat.DISABLED, trl_compat.report()
+    else:
+        assert status == (trl_compat.UNDECIDED if LOOP and TF5 else trl_compat.NOT_NEEDED), trl_compat.report()
 
 
 def test_apply_refuses():
@@ -240,8 +246,11 @@ def _tool_step(tmp_path):
 def test_bug_tool_loop_scores_retokenised_ids_and_crashes(tmp_path):
     import trl.trainer.grpo_trainer  # noqa: F401 - the trigger module
 
-    record = {r.id: r for r in trl_compat.report()}[PID]
-    assert record.status == trl_compat.UNDECIDED and "TRL >= 0.29.1" in record.reason, record
+    from trl_compat.patches import tool_loop_retokenization as tlr
+
+    # the cells with this stack switch the patch off (tox.ini): what it would report is its probe's verdict
+    verdict = tlr.probe(importlib.import_module("trl.trainer.grpo_trainer"))
+    assert verdict.needed is None and "TRL >= 0.29.1" in verdict.reason, verdict
     seen, calls, sampled, reencoded, answer, error = _tool_step(tmp_path)
     assert error is not None and re.search(r"The size of tensor a \(\d+\) must match the size of tensor b \(\d+\)", str(error))
     assert calls == [4, 4]  # the tool was called for every completion, then generation went on
