@@ -244,9 +244,9 @@ def _tool_step(tmp_path):
 
 @loop_on_tf5
 def test_bug_tool_loop_scores_retokenised_ids_and_crashes(tmp_path):
-    import trl.trainer.grpo_trainer  # noqa: F401 - the trigger module
-
     from trl_compat.patches import tool_loop_retokenization as tlr
+
+    import trl.trainer.grpo_trainer  # noqa: F401 - the trigger module
 
     # the cells with this stack switch the patch off (tox.ini): what it would report is its probe's verdict
     verdict = tlr.probe(importlib.import_module("trl.trainer.grpo_trainer"))
