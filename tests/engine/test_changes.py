@@ -176,6 +176,7 @@ def test_the_grpo_trainer_init_patches_stack_in_registry_order():
         "peft-gradient-checkpointing",
         "reward-model-zero3",
         "vllm-v1-engine",
+        "vllm-sleep-mode-weights",
         "prompt-right-truncation",
         "scale-rewards-swapped",
     ]

@@ -74,9 +74,9 @@ def test_the_init_patches_declare_it():
         "peft-gradient-checkpointing",
         "reward-model-zero3",
         "vllm-v1-engine",
+        "vllm-sleep-mode-weights",  # registers the colocated engine after TRL built it (TRL 0.25+)
         "prompt-right-truncation",
         "scale-rewards-swapped",
-        "vllm-sleep-mode-weights",  # registers the colocated engine after TRL built it (TRL 0.25+)
     ]
 
 

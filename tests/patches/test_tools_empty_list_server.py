@@ -18,6 +18,8 @@ from trl_compat.patches import tools_empty_list_server as patch_module
 import pytest
 from packaging.version import Version
 
+pytest.importorskip("torch")  # grpo_run and tiny build torch models: not in the notrl cell
+
 import grpo_run
 import tiny
 from versions import installed

@@ -24,6 +24,8 @@ from trl_compat.patches import vllm_guided_decoding_import as patch_module
 import pytest
 from packaging.version import Version
 
+pytest.importorskip("torch")  # grpo_run and tiny build torch models: not in the notrl cell
+
 import grpo_run
 from versions import installed
 from workers import SUPPORT

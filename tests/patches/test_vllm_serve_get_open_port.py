@@ -32,6 +32,8 @@ from trl_compat.patches import vllm_serve_get_open_port as patch_module
 import pytest
 from packaging.version import Version
 
+pytest.importorskip("torch")  # grpo_run and tiny build torch models: not in the notrl cell
+
 import tiny
 from versions import installed
 from workers import SUPPORT
