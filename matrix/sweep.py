@@ -915,7 +915,7 @@ import importlib.metadata as md
 def ver(d):
     try: return md.version(d)
     except md.PackageNotFoundError: return None
-out["versions"] = {d: ver(d) for d in ("trl", "transformers", "deepspeed", "peft", "accelerate")}
+out["versions"] = {d: ver(d) for d in ("trl", "transformers", "deepspeed", "peft", "accelerate", "vllm")}
 print("SWEEP-JSON " + json.dumps(out))
 """
 
