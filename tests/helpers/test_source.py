@@ -137,8 +137,11 @@ def test_module_code_reads_a_submodule_without_importing_it_or_its_package(tmp_p
     source = module_code(f"{name}.sub.mod")
     assert isinstance(source, Code) and "from vllm.utils import get_open_port" in source and "comment" not in source
     assert not [m for m in sys.modules if m.startswith(name)]
-    with pytest.raises(SourceUnavailable, match="cannot find the source file"):
+    with pytest.raises(ModuleNotFoundError, match="sub.missing"):
         module_code(f"{name}.sub.missing")
+    (tmp_path / name / "sub" / "compiled.pyc").write_bytes(b"")
+    with pytest.raises(SourceUnavailable, match="cannot find the source file"):
+        module_code(f"{name}.sub.compiled")
 
 
 def test_module_code_of_a_loaded_module_reads_its_file():

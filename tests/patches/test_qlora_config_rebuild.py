@@ -90,7 +90,9 @@ def test_replace_copies_training_arguments(tmp_path):
     view = qcr.view()
     clone = view.replace(config, gradient_checkpointing=False)
     assert clone is not config and clone.gradient_checkpointing is False and config.gradient_checkpointing is True
-    assert clone.generation_batch_size == config.generation_batch_size
+    # copied, not rebuilt: the fields __post_init__ derives (generation_batch_size from 0.18) come along
+    assert getattr(clone, "generation_batch_size", None) == getattr(config, "generation_batch_size", None)
+    assert (clone.learning_rate, clone.max_steps) == (config.learning_rate, config.max_steps)
     assert view.replace(_Plain(), b=3) == _Plain(1, 3)
     assert view.fields is dataclasses.fields
     with pytest.raises(TypeError):

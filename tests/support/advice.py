@@ -20,6 +20,8 @@ TRIGGER_SRC = "def is_vllm_available():\n    return True\n\nclass _LazyModule:\n
 def fake_versions(monkeypatch, versions):
     """The gate (and the probes' messages) read ``versions`` as the installed distributions."""
     monkeypatch.setattr(engine_versions, "dist_version", lambda dist: versions.get(dist))
+    # a distribution given as None is not installed, even where the cell has it importable (the stand-in)
+    monkeypatch.setattr(engine_versions, "_importable_without_metadata", lambda dist: False)
 
 
 def in_window(monkeypatch, patch_id, versions):

@@ -129,7 +129,7 @@ def main():
 
     import tiny
 
-    statuses = {p.id: p.status for p in trl_compat.report() if p.id.startswith("zero3-")}
+    statuses = {p.id: p.status for p in trl_compat.report() if p.id in ("zero3-unwrap", "zero3-hooks-api")}
     emit("versions", trl=trl.__version__, deepspeed=deepspeed.__version__, statuses=statuses)
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -96,7 +96,9 @@ def code(obj: Any) -> Code:
 def module_code(name: str) -> Code:
     """The normalised source of module ``name`` (see module doc), read from its file without
     importing it or its parent packages: the module being imported (or not imported at all) when a
-    patch must act before its code runs. A module already in ``sys.modules`` is read from its file."""
+    patch must act before its code runs. A module already in ``sys.modules`` is read from its file.
+    ``ModuleNotFoundError`` when no such module exists (a release without it), ``SourceUnavailable``
+    when it exists but its source cannot be read."""
     return Code(normalise(_module_source(name)))
 
 
@@ -105,6 +107,8 @@ def _module_source(name: str) -> str:
     origin = getattr(loaded, "__file__", None)
     if origin is None:
         spec = _spec_without_import(name)
+        if spec is None:
+            raise ModuleNotFoundError(f"no module named {name!r}", name=name)
         origin = getattr(spec, "origin", None)
     if not origin or not origin.endswith(".py"):
         raise SourceUnavailable(f"cannot find the source file of {name} ({origin or 'no spec'})")

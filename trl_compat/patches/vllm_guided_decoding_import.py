@@ -68,6 +68,8 @@ def importers() -> tuple[list[str], list[str]]:
     for name in TRL_MODULES:
         try:
             source = module_code(name)
+        except ModuleNotFoundError:  # a release without it (vllm_serve came in 0.16): nothing imports the name
+            continue
         except SourceUnavailable as exc:
             unreadable.append(str(exc))
             continue

@@ -40,6 +40,8 @@ OLD_IMPORT = "from vllm.utils import get_open_port"
 def probe(module):
     try:
         source = module_code(SERVE_MODULE)
+    except ModuleNotFoundError:
+        return not_needed(f"this TRL has no {SERVE_MODULE} (trl vllm-serve came in 0.16)")
     except SourceUnavailable as exc:
         return undecided(str(exc))
     if OLD_IMPORT not in source or "vllm.utils.network_utils" in source:
