@@ -31,11 +31,12 @@ from trl_compat._helpers.source import code
 
 
 def probe(module):
-    init = code(module.GRPOTrainer.__init__)
-    chat = code(module.VLLMClient.chat)
-    if "self.tools = tools or []" not in init:
+    if "self.tools = tools or []" not in code(module.GRPOTrainer.__init__):
         return not_needed("GRPOTrainer keeps tools=None as None")
-    if "if tools is not None : raise NotImplementedError" not in chat:
+    chat = getattr(getattr(module, "VLLMClient", None), "chat", None)  # VLLMClient.chat came in 0.25
+    if chat is None:
+        return not_needed("this TRL's VLLMClient has no chat()")
+    if "if tools is not None : raise NotImplementedError" not in code(chat):
         return not_needed("VLLMClient.chat accepts an empty tools list")
     return needed("GRPOTrainer passes tools=[] (tools or []) to VLLMClient.chat, which raises on any tools that is not None")
 
