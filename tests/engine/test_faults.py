@@ -12,6 +12,7 @@ import textwrap
 import trl_compat
 from trl_compat import _engine as engine
 from trl_compat import testing
+from trl_compat.patches import PATCHES
 
 import pytest
 
@@ -229,6 +230,7 @@ def test_importing_trl_compat_and_trl_in_two_threads_patches_once(fresh_cli, run
         threads = [threading.Thread(target=a), threading.Thread(target=b)]
         [t.start() for t in threads]; [t.join() for t in threads]
         import trl_compat, trl.trainer.grpo_trainer, trl.models.utils
+        TRIGGERS
         from trl_compat._engine import markers
         doubles = []
         for name, mod in list(sys.modules.items()):
@@ -247,7 +249,9 @@ def test_importing_trl_compat_and_trl_in_two_threads_patches_once(fresh_cli, run
                         doubles.append(f"{name}.{key}")
         print(json.dumps({"doubles": doubles, "report": [[r.id, r.status] for r in trl_compat.report()]}))
     """)
-    out = run_py(code)
+    # then every other trigger module the CLI imports (trl.scripts.vllm_serve, vllm.utils, ...)
+    triggers = list(dict.fromkeys(p.trigger for p in PATCHES))
+    out = run_py(code.replace("TRIGGERS", f"for m in {triggers!r}:\n    try: __import__(m)\n    except Exception: pass"))
     data = json.loads(out.strip().splitlines()[-1])
     assert data["doubles"] == []
     # the same statuses as a process that imported trl_compat, then TRL (the CLI's)

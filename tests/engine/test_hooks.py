@@ -10,6 +10,7 @@ import uuid
 
 import trl_compat
 from trl_compat._engine import hooks
+from trl_compat.patches import PATCHES
 
 import pytest
 
@@ -89,12 +90,21 @@ def test_import_is_light(run_py):
     assert out.strip() == "[]"
 
 
+# Every trigger module the CLI imports (trl.scripts.vllm_serve, vllm.utils, ... where installed), as it
+# does; the names are written into the child's code, which must not import trl_compat before them.
+IMPORT_TRIGGERS = (
+    "import importlib\n"
+    f"for _name in {list(dict.fromkeys(p.trigger for p in PATCHES))!r}:\n"
+    "    try:\n"
+    "        importlib.import_module(_name)\n"
+    "    except Exception:\n"
+    "        pass\n"
+)
 ORDERS = {
-    "trl first": "from trl import GRPOTrainer\nimport trl.trainer.grpo_trainer, trl.models.utils\nimport trl_compat",
+    "trl first": "from trl import GRPOTrainer\n" + IMPORT_TRIGGERS + "import trl_compat",
     # On transformers 5 the GRPO module cannot import before the fix (that is the bug):
     # trl first, then trl_compat, then the GRPO modules.
-    "trl first, transformers 5": "import trl, trl.import_utils\nimport trl_compat\nfrom trl import GRPOTrainer\n"
-    "import trl.trainer.grpo_trainer, trl.models.utils",
+    "trl first, transformers 5": "import trl, trl.import_utils\nimport trl_compat\nfrom trl import GRPOTrainer\n" + IMPORT_TRIGGERS,
 }
 
 

@@ -42,16 +42,14 @@ def processed_logprobs_llm(real: type, patch_id: str, unsure: Callable[[tuple], 
     ``unsure(version)`` is called when it adds it on a vLLM older than ``TEMPERATURE_SURE_SINCE``.
     A subclass, so that ``isinstance`` checks and subclasses of the module global still work."""
 
-    original_init = real.__init__  # type: ignore[misc]  # the class's own constructor, not an instance's
-
-    @functools.wraps(original_init)
+    @functools.wraps(real.__init__)  # type: ignore[misc]  # the class's own constructor, not an instance's
     def __init__(self, *args, **kwargs):
         version = vllm_version()
         if "logprobs_mode" not in kwargs and version is not None and version >= FIELD_SINCE:
             kwargs["logprobs_mode"] = PROCESSED
             if version < TEMPERATURE_SURE_SINCE:
                 unsure(version)
-        original_init(self, *args, **kwargs)
+        real.__init__(self, *args, **kwargs)  # type: ignore[misc]  # looked up now: a later wrapper of it runs too
 
     return type(
         real.__name__,

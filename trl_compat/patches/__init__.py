@@ -567,7 +567,7 @@ PATCHES = [
         # The package: it is imported before the TRL modules that import the name, whose own import
         # would be too late a trigger (see the patch's docstring).
         trigger="trl",
-        must_exist="__version__",
+        must_exist="__name__",  # the package itself: what the patch changes lives in vLLM's and TRL's modules
         changes=(
             "vllm.sampling_params:GuidedDecodingParams",
             "trl.trainer.grpo_trainer:SamplingParams",
