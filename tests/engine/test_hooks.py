@@ -102,9 +102,9 @@ IMPORT_TRIGGERS = (
 )
 ORDERS = {
     "trl first": "from trl import GRPOTrainer\n" + IMPORT_TRIGGERS + "import trl_compat",
-    # On transformers 5 the GRPO module cannot import before the fix (that is the bug):
-    # trl first, then trl_compat, then the GRPO modules.
-    "trl first, transformers 5": "import trl, trl.import_utils\nimport trl_compat\nfrom trl import GRPOTrainer\n" + IMPORT_TRIGGERS,
+    # On transformers 5, or with vLLM >= 0.12, the GRPO module cannot import before the fix (that is
+    # the bug): trl first, then trl_compat, then the GRPO modules.
+    "trl first, GRPO after the fix": "import trl, trl.import_utils\nimport trl_compat\nfrom trl import GRPOTrainer\n" + IMPORT_TRIGGERS,
 }
 
 
@@ -112,8 +112,9 @@ def test_import_order_does_not_matter_on_real_trl(fresh_cli, run_py):
     """trl_compat first (the CLI's process: it imports every trigger module after trl_compat)
     and trl first end with the same statuses."""
     pytest.importorskip("trl")
-    transformers5 = trl_compat.status("transformers5-import") == trl_compat.APPLIED
-    order = "trl first" + (", transformers 5" if transformers5 else "")
+    import_fixes = ("transformers5-import", "vllm-guided-decoding-import")
+    grpo_after = any(trl_compat.status(pid) == trl_compat.APPLIED for pid in import_fixes)
+    order = "trl first, GRPO after the fix" if grpo_after else "trl first"
     out = run_py(ORDERS[order] + "\nimport json\nprint(json.dumps([(r.id, r.status) for r in trl_compat.report()]))")
     trl_first = [tuple(pair) for pair in json.loads(out.strip().splitlines()[-1])]
     compat_first = [(r["id"], r["status"]) for r in fresh_cli[0]["patches"]]

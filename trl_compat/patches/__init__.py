@@ -567,7 +567,9 @@ PATCHES = [
         # The package: it is imported before the TRL modules that import the name, whose own import
         # would be too late a trigger (see the patch's docstring).
         trigger="trl",
-        must_exist="__name__",  # the package itself: what the patch changes lives in vLLM's and TRL's modules
+        # the package's source location: the probe reads the source files of TRL's modules (what the
+        # patch changes lives in vLLM's and TRL's modules; __version__ is one of the lazy module's objects)
+        must_exist="__file__",
         changes=(
             "vllm.sampling_params:GuidedDecodingParams",
             "trl.trainer.grpo_trainer:SamplingParams",
