@@ -104,7 +104,8 @@ ORDERS = {
     "trl first": "from trl import GRPOTrainer\n" + IMPORT_TRIGGERS + "import trl_compat",
     # On transformers 5, or with vLLM >= 0.12, the GRPO module cannot import before the fix (that is
     # the bug): trl first, then trl_compat, then the GRPO modules.
-    "trl first, GRPO after the fix": "import trl, trl.import_utils\nimport trl_compat\nfrom trl import GRPOTrainer\n" + IMPORT_TRIGGERS,
+    "trl first, GRPO after the fix": "import trl, trl.import_utils\nimport trl_compat\nfrom trl import GRPOTrainer\n"
+    + IMPORT_TRIGGERS,
 }
 
 
