@@ -905,7 +905,9 @@ else:
         except Exception as exc:
             tb = traceback.format_exc()
             out["imports"][name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
-            if "trl_compat" in tb:
+            # trl_compat's fault only where it raised: its import hook is a frame of every import it
+            # waits for, so a TRL import error passes through it
+            if "trl_compat" in traceback.extract_tb(exc.__traceback__)[-1].filename:
                 out["crash"] = tb
     try:
         out["report"] = [r.as_dict() for r in trl_compat.report()]
@@ -951,7 +953,8 @@ BASES = {
         "packaging",
         "rich",
     ],
-    "tf5": lambda: pins("trl-newest") + ["rich"],
+    # requests: TRL 1.0 - 1.14's vllm_client imports it without declaring it
+    "tf5": lambda: pins("trl-newest") + ["rich", "requests"],
 }
 
 
