@@ -1158,6 +1158,14 @@ def write(rows, output, seconds, commits_note):
     return 1 if crashes or wrong else 0
 
 
+def _saved_rows(path):
+    """The rows a ``--rows`` file holds, by build (a release's version or a commit)."""
+    if not path or not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as lines:
+        return {entry["key"]: entry["row"] for entry in map(json.loads, lines)}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", default=str(ROOT / ".tox" / "sweep-work"))
@@ -1165,6 +1173,14 @@ def main():
     parser.add_argument("--trl-git", default="", help="a clone of TRL's git history: also check COMMITS")
     parser.add_argument("--only-commits", action="store_true", help="skip the releases (with --trl-git)")
     parser.add_argument("--output", default=str(ROOT / "matrix" / "SWEEP.md"))
+    parser.add_argument(
+        "--rows",
+        default="",
+        help="a JSON-lines file: each finished build's row is appended to it, and builds already in it are not run "
+        "again (a sweep stopped half-way resumes; delete the file after changing trl_compat)",
+    )
+    parser.add_argument("--commits", default="", help="only these COMMITS (comma-separated), with --trl-git")
+    parser.add_argument("--no-run", action="store_true", help="write the output from the --rows file only")
     args = parser.parse_args()
     work = pathlib.Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -1181,18 +1197,36 @@ def main():
     else:
         note = f"The {len(COMMITS)} main-branch commits in `COMMITS` were built from a clone of TRL's git history."
     t0 = time.time()
+    saved = _saved_rows(args.rows)
     rows = []
-    jobs = [(sweep_one, v) for v in versions] + ([(sweep_commit, c) for c, _, _ in COMMITS] if git else [])
+    chosen = [c for c, _, _ in COMMITS if not args.commits or c in args.commits.split(",")]
+    jobs = [(sweep_one, v) for v in versions] + ([(sweep_commit, c) for c in chosen] if git or args.no_run else [])
+    left_out = 0
     for job, arg in jobs:
+        key = str(arg) if job is sweep_one else arg
+        if key in saved:
+            rows.append(saved[key])
+            continue
+        if args.no_run:
+            left_out += 1
+            continue
+        started = time.time()
         row = job(work, arg) if job is sweep_one else job(work, str(git), arg)
+        row["seconds"] = time.time() - started
         rows.append(row)
+        if args.rows:
+            with open(args.rows, "a", encoding="utf-8") as out:
+                out.write(json.dumps({"key": key, "row": row}) + "\n")
         print(
             f"trl {row['version']:>8} [{row['base']}]: "
             + " ".join(f"{r['id']}={r['status']}" for r in row["report"])
             + f"  {judge(row) or ''}",
             flush=True,
         )
-    return write(rows, args.output, time.time() - t0, note)
+    if left_out:
+        note += f" {left_out} of the {len(jobs)} builds were not run yet (a partial sweep: `--rows` resumes it)."
+    # the builds' own time, summed: a resumed sweep counts the rows it read back too
+    return write(rows, args.output, sum(row.get("seconds", 0.0) for row in rows) or time.time() - t0, note)
 
 
 if __name__ == "__main__":
