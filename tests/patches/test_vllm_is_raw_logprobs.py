@@ -155,5 +155,5 @@ def test_wrapper_adds_the_mode_only_when_missing(monkeypatch, caplog):
     monkeypatch.setattr(vllm_logprobs, "vllm_version", lambda: (0, 9, 1))  # no such EngineArgs field
     assert cls("m").kwargs == {}
     with caplog.at_level(logging.WARNING):
-        patch_module._unsure((0, 10, 0))
-    assert "not established" in caplog.text or not caplog.text  # warn_once: once per process
+        vllm_logprobs._unsure("a-test-only-id")((0, 10, 0))  # warn_once: once per id and process
+    assert "a-test-only-id: vLLM 0.10.0 built with logprobs_mode='processed_logprobs'" in caplog.text

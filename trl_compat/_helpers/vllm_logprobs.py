@@ -13,7 +13,12 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-from typing import Callable, Optional
+import logging
+from typing import Any, Callable, Optional
+
+from trl_compat._engine import warn_once
+
+log = logging.getLogger(__name__)
 
 PROCESSED = "processed_logprobs"
 FIELD_SINCE = (0, 10, 0)  # vLLM's EngineArgs.logprobs_mode
@@ -63,3 +68,24 @@ def processed_logprobs_llm(real: type, patch_id: str, unsure: Callable[[tuple], 
             "_trl_compat_wraps": real,
         },
     )
+
+
+def _unsure(patch_id: str) -> Callable[[tuple], None]:
+    def warn(version: tuple) -> None:
+        warn_once(
+            log,
+            patch_id,
+            "trl_compat %s: vLLM %s built with logprobs_mode='processed_logprobs'; whether this vLLM's processed "
+            "log-probs include the sampling temperature is not established (vLLM 0.10.2's do): the importance-sampling "
+            "ratio may still be off",
+            patch_id,
+            ".".join(map(str, version)),
+        )
+
+    return warn
+
+
+def replace_llm(module: Any, patcher: Any, patch_id: str) -> None:
+    """The ``apply`` of both patches: ``module.LLM`` (the name TRL builds its engine with) becomes
+    the subclass above, warning once where the vLLM is older than ``TEMPERATURE_SURE_SINCE``."""
+    patcher.replace(module, "LLM", processed_logprobs_llm(module.LLM, patch_id, _unsure(patch_id)))

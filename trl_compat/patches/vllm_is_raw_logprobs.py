@@ -33,14 +33,11 @@ The fix
 
 from __future__ import annotations
 
-import logging
-
-from trl_compat._engine import needed, not_needed, undecided, warn_once
+from trl_compat._engine import needed, not_needed, undecided
 from trl_compat._helpers import vllm_logprobs
 from trl_compat._helpers.source import code
 
 PATCH_ID = "vllm-is-raw-logprobs"
-log = logging.getLogger(__name__)
 
 
 def probe(module):
@@ -60,17 +57,5 @@ def probe(module):
     )
 
 
-def _unsure(version) -> None:
-    warn_once(
-        log,
-        "temperature",
-        "trl_compat %s: vLLM %s built with logprobs_mode='processed_logprobs'; whether this vLLM's processed "
-        "log-probs include the sampling temperature is not established (vLLM 0.10.2's do): the importance-sampling "
-        "ratio may still be off",
-        PATCH_ID,
-        ".".join(map(str, version)),
-    )
-
-
 def apply(module, patcher):
-    patcher.replace(module, "LLM", vllm_logprobs.processed_logprobs_llm(module.LLM, PATCH_ID, _unsure))
+    vllm_logprobs.replace_llm(module, patcher, PATCH_ID)
