@@ -12,7 +12,6 @@ entropies together. About 40-90 s per launch on 2 cores.
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -22,7 +21,7 @@ from packaging.version import Version
 torch = pytest.importorskip("torch")
 
 from versions import installed
-from workers import SUPPORT, Run
+from workers import SUPPORT, Run, two_process_launch
 
 PATCH_ID = "entropy-mask-gather-hang"
 TRL = installed("trl")
@@ -35,16 +34,7 @@ def launch(model_dir, out_dir, disable="", timeout=480, hang_grace=60):
     """Both ranks of entropy_worker.py; returns ``(Run, hung)``. ``hung``: both ranks entered
     ``get_high_entropy_mask`` more often than they left it and nothing came for ``hang_grace``
     seconds, or the launch ran past ``timeout``; then the process group is killed."""
-    env = dict(
-        os.environ,
-        TRL_COMPAT_STRICT="1",
-        TRL_COMPAT_DISABLE=disable,
-        OMP_NUM_THREADS="1",
-        CUDA_VISIBLE_DEVICES="",
-        PYTHONUNBUFFERED="1",
-    )
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    cmd += [os.path.join(SUPPORT, "entropy_worker.py"), str(model_dir), str(out_dir)]
+    cmd, env = two_process_launch("entropy_worker.py", model_dir, out_dir, disable=disable)
     proc = subprocess.Popen(
         cmd, env=env, cwd=SUPPORT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )

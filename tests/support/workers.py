@@ -48,9 +48,10 @@ def child_env(**overrides):
     return env
 
 
-def launch_two(worker, *args, marker, disable="", timeout=420):
-    """Run ``worker`` (a script here) in 2 processes under ``torch.distributed.run`` on the CPU
-    (gloo; DeepSpeed's CPU accelerator), strict, with the patches in ``disable`` switched off."""
+def two_process_launch(worker, *args, disable=""):
+    """``(command, environment)`` of ``worker`` (a script here) in 2 processes under
+    ``torch.distributed.run`` on the CPU (gloo; DeepSpeed's CPU accelerator), strict, with the
+    patches in ``disable`` switched off."""
     env = dict(
         os.environ,
         TRL_COMPAT_STRICT="1",
@@ -60,15 +61,12 @@ def launch_two(worker, *args, marker, disable="", timeout=420):
         DS_ACCELERATOR="cpu",
         PYTHONUNBUFFERED="1",
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        os.path.join(SUPPORT, worker),
-        *map(str, args),
-    ]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    return [*cmd, os.path.join(SUPPORT, worker), *map(str, args)], env
+
+
+def launch_two(worker, *args, marker, disable="", timeout=420):
+    """Run :func:`two_process_launch` to its end."""
+    cmd, env = two_process_launch(worker, *args, disable=disable)
     proc = subprocess.run(cmd, env=env, cwd=SUPPORT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
     return Run(proc.returncode, proc.stdout, marker)
