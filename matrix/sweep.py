@@ -1048,6 +1048,14 @@ def check(python, version, base):
     return data
 
 
+def source_version(src):
+    """The version a TRL source tree builds: its VERSION file (from 0.23), else the literal
+    ``__version__`` of trl/__init__.py (before; later trees read it from the installed metadata)."""
+    if (src / "VERSION").exists():
+        return V((src / "VERSION").read_text().strip())
+    return V(re.search(r'__version__ = "([^"]+)"', (src / "trl" / "__init__.py").read_text()).group(1))
+
+
 def sweep_commit(work, git, commit):
     """Build ``commit`` of TRL from the clone at ``git`` and check it like a release."""
     src = work / "src" / commit
@@ -1055,7 +1063,7 @@ def sweep_commit(work, git, commit):
         src.mkdir(parents=True, exist_ok=True)
         archive = subprocess.run(["git", "--git-dir", git, "archive", "--format=tar", commit], check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
-    dev = V(re.search(r'__version__ = "([^"]+)"', (src / "trl" / "__init__.py").read_text()).group(1))
+    dev = source_version(src)
     python = base_python(work, choose_base(work, dev, []))
     run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(src)])
     return check(python, f"{dev}@{commit}", choose_base(work, dev, []))
