@@ -73,8 +73,14 @@ UNWRAP_BINDINGS = (
 )
 
 # The method that tokenises the prompts and calls vLLM, which the three prompt patches wrap:
-# compute_loss (0.14), _prepare_inputs (0.15), _generate_and_score_completions (0.16+).
-PROMPT_GENERATION = ("GRPOTrainer._generate_and_score_completions", "GRPOTrainer._prepare_inputs", "GRPOTrainer.compute_loss")
+# compute_loss (0.14), _prepare_inputs (0.15), _generate_and_score_completions (0.16 - 0.23),
+# _generate_single_turn (0.24.0.dev0 builds before PR #4152, vllm-double-bos's last window).
+PROMPT_GENERATION = (
+    "GRPOTrainer._generate_and_score_completions",
+    "GRPOTrainer._prepare_inputs",
+    "GRPOTrainer.compute_loss",
+    "GRPOTrainer._generate_single_turn",
+)
 
 PATCHES = [
     Patch(
@@ -608,8 +614,10 @@ PATCHES = [
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",  # the trainer binds VLLMClient from trl.extras.vllm_client, whose chat is wrapped
         changes=("trl.extras.vllm_client:VLLMClient.chat",),
-        requires={"trl": affected("0.26.0", "0.26.1"), "vllm": ">=0"},  # use_vllm=True needs vLLM installed
-        witnesses={"trl": {"inside": ["0.26.0", "0.26.1.dev0"], "outside": ["0.25.1", "0.26.1"]}},
+        # use_vllm=True needs vLLM installed; the fix reached 0.26.1 as a cherry-pick and main as
+        # 0.27.0.dev0 (26f989efa): the probe tells them apart
+        requires={"trl": affected("0.26.0", "0.27.0"), "vllm": ">=0"},
+        witnesses={"trl": {"inside": ["0.26.0", "0.26.1", "0.27.0.dev0"], "outside": ["0.25.1", "0.27.0"]}},
         impl="trl_compat.patches.tools_empty_list_server",
         remove_when="trl_compat no longer supports TRL 0.26.0",
     ),
@@ -821,9 +829,10 @@ PATCHES = [
         trigger=GRPO_MODULE,
         must_exist="GRPOTrainer",
         changes=("GRPOTrainer.get_high_entropy_mask",),
-        requires={"trl": affected("0.21.0", "0.23.1")},
+        # the fix reached 0.23.1 as a cherry-pick and main as 0.24.0.dev0 (f4ff24840): the probe tells them apart
+        requires={"trl": affected("0.21.0", "0.24.0")},
         # 0.20.0 takes a per-rank quantile (no collective); 0.21.0.dev0 builds before PR #3833 too: the probe tells.
-        witnesses={"trl": {"inside": ["0.21.0", "0.22.2", "0.23.0", "0.23.1.dev0"], "outside": ["0.20.0", "0.23.1", "0.24.0"]}},
+        witnesses={"trl": {"inside": ["0.21.0", "0.22.2", "0.23.0", "0.23.1", "0.24.0.dev0"], "outside": ["0.20.0", "0.24.0"]}},
         impl="trl_compat.patches.entropy_mask_gather_hang",
         remove_when="TRL 0.21.0 - 0.23.0 are no longer supported",
     ),
