@@ -233,11 +233,17 @@ COMMITS = [
         "PR #3601: truncated ids re-decoded for vLLM (vllm-gated patches not judged: no vLLM)",
         {"dataloader-workers": False, "fsdp2-vllm-sync": True, "logits-to-keep": True},
     ),
-    ("32df09358", "0.20.0.dev0 with 0.19's code, before PR #3563", {"logits-to-keep": True, "fsdp2-vllm-sync": True}),
+    # the base has the vLLM stand-in: the 0.20.0.dev0 builds before PR #3651's main commit still strip the
+    # special tokens (0.19.0's bug)
+    (
+        "32df09358",
+        "0.20.0.dev0 with 0.19's code, before PR #3563",
+        {"logits-to-keep": True, "fsdp2-vllm-sync": True, "vllm-prompt-special-tokens": True},
+    ),
     (
         "7e8ef867a",
         "PR #3563: _get_per_token_logps_and_entropies (also the parent of PR #3651's main commit)",
-        {"logits-to-keep": False, "fsdp2-vllm-sync": True},
+        {"logits-to-keep": False, "fsdp2-vllm-sync": True, "vllm-prompt-special-tokens": True},
     ),
     (
         "79ec242ae",
@@ -245,7 +251,8 @@ COMMITS = [
         {"fsdp2-vllm-sync": True, "logits-to-keep": False},
     ),
     ("303d3b1d6", "0.20.0.dev0 before PR #3687 (FSDP2 sync)", {"fsdp2-vllm-sync": True}),
-    ("5522cc0a3", "PR #3687: _sync_fsdp2_params_to_vllm", {"fsdp2-vllm-sync": False}),
+    # its own FSDP2 sync sends PEFT names until PR #4603 (0.26.0): fsdp2-vllm-sync's second variant
+    ("5522cc0a3", "PR #3687: _sync_fsdp2_params_to_vllm (PEFT names)", {"fsdp2-vllm-sync": True}),
 ]
 
 # TRL 0.21 - 0.28 main-branch builds around the fixes of issues 22 and 23 (tf4.57 base, vLLM stand-in 0.10.2):
