@@ -225,13 +225,13 @@ COMMITS = [
     # PR #3601's pair: its patch (vllm-prompt-truncation) needs vLLM, absent here; checks the others in window.
     (
         "8bad863ff",
-        "0.19.0.dev0 before PR #3601 (vLLM prompt truncation; not judged: no vLLM in the base)",
-        {"dataloader-workers": False, "fsdp2-vllm-sync": True, "logits-to-keep": True},
+        "0.19.0.dev0 before PR #3601: the whole prompt to vLLM (the base has the vLLM stand-in)",
+        {"dataloader-workers": False, "fsdp2-vllm-sync": True, "logits-to-keep": True, "vllm-prompt-truncation": True},
     ),
     (
         "b0958c6f8",
-        "PR #3601: truncated ids re-decoded for vLLM (vllm-gated patches not judged: no vLLM)",
-        {"dataloader-workers": False, "fsdp2-vllm-sync": True, "logits-to-keep": True},
+        "PR #3601: truncated ids re-decoded for vLLM",
+        {"dataloader-workers": False, "fsdp2-vllm-sync": True, "logits-to-keep": True, "vllm-prompt-truncation": False},
     ),
     # the base has the vLLM stand-in: the 0.20.0.dev0 builds before PR #3651's main commit still strip the
     # special tokens (0.19.0's bug)
@@ -247,8 +247,8 @@ COMMITS = [
     ),
     (
         "79ec242ae",
-        "PR #3651 on main (0.19.1's 7dbf4777b): special tokens kept (vllm-gated: not judged, no vLLM)",
-        {"fsdp2-vllm-sync": True, "logits-to-keep": False},
+        "PR #3651 on main (0.19.1's 7dbf4777b): special tokens kept",
+        {"fsdp2-vllm-sync": True, "logits-to-keep": False, "vllm-prompt-special-tokens": False},
     ),
     ("303d3b1d6", "0.20.0.dev0 before PR #3687 (FSDP2 sync)", {"fsdp2-vllm-sync": True}),
     # its own FSDP2 sync sends PEFT names until PR #4603 (0.26.0): fsdp2-vllm-sync's second variant
