@@ -109,3 +109,8 @@ except Exception:
 
     logs.getLogger(__name__).exception("trl_compat: installing patches failed; nothing was patched")
     revert()
+
+if settings.guard_mode() != "off":  # imported only when asked for: start-up cost of the default
+    from trl_compat import guard as _guard
+
+    _guard._control.from_environment()

@@ -29,6 +29,7 @@ AUTO = "TRL_COMPAT_AUTO"
 STRICT = "TRL_COMPAT_STRICT"
 QUIET = "TRL_COMPAT_QUIET"
 DISABLE = "TRL_COMPAT_DISABLE"
+GUARD = "TRL_COMPAT_GUARD"
 
 ON = ("1", "true", "yes", "on")
 OFF = ("0", "false", "no", "off", "")
@@ -39,6 +40,10 @@ SWITCHES = {
     STRICT: "raise TrlCompatError instead of skipping a patch that may be needed",
     QUIET: "no trl_compat line in the training log",
 }
+
+# TRL_COMPAT_GUARD: the off-policy guard (trl_compat.guard): a switch, or "strict"
+GUARD_STRICT = "strict"
+GUARD_DOES = 'the off-policy guard: checks that vLLM generated what the loss trains on ("strict": an alarm raises OffPolicyError)'
 
 _lock = _thread.allocate_lock()
 _warned: Set[tuple] = set()
@@ -75,6 +80,29 @@ def switch(variable: str, environ: Optional[Mapping[str, str]] = None) -> bool:
     return False
 
 
+def guard_mode(environ: Optional[Mapping[str, str]] = None) -> str:
+    """``TRL_COMPAT_GUARD``: "off", "on" or "strict"; an unrecognised value is off, with a warning."""
+    raw = _environ(environ).get(GUARD, "").strip().lower()
+    if raw == GUARD_STRICT:
+        return "strict"
+    if raw in ON:
+        return "on"
+    problem = guard_problem(environ)
+    if problem:
+        _warn_once((GUARD, raw), problem)
+    return "off"
+
+
+def guard_problem(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    raw = _environ(environ).get(GUARD)
+    if raw is None or raw.strip().lower() in ON + OFF + (GUARD_STRICT,):
+        return None
+    return (
+        f"{GUARD}={raw!r} is not a recognised value (on: {', '.join(ON)}; {GUARD_STRICT}: on, and an alarm "
+        f"raises; off: {', '.join(OFF[:-1])} or unset); assumed off"
+    )
+
+
 def disabled_ids(known: Iterable[str], environ: Optional[Mapping[str, str]] = None) -> Set[str]:
     """The ids ``TRL_COMPAT_DISABLE`` names (``*``: every patch); unknown ones warn and are kept
     (they match nothing)."""
@@ -103,10 +131,15 @@ def problems(known: Iterable[str], opt_in: Iterable[str], environ: Optional[Mapp
     (``problem``: None, or what :func:`switch`/:func:`disabled_ids` warn)."""
     env = _environ(environ)
     found: Dict[str, Dict[str, object]] = {}
-    for variable in sorted(set(SWITCHES) | set(opt_in) | {DISABLE}):
+    for variable in sorted(set(SWITCHES) | set(opt_in) | {DISABLE, GUARD}):
         if variable not in env:
             continue
-        problem = disable_problem(known, env) if variable == DISABLE else switch_problem(variable, env)
+        if variable == DISABLE:
+            problem = disable_problem(known, env)
+        elif variable == GUARD:
+            problem = guard_problem(env)
+        else:
+            problem = switch_problem(variable, env)
         found[variable] = {"value": env[variable], "problem": problem}
     return found
 
@@ -129,6 +162,7 @@ def check(known: Iterable[str], opt_in: Iterable[str], environ: Optional[Mapping
     for variable in sorted(set(SWITCHES) | set(opt_in)):
         switch(variable, environ)
     disabled_ids(known, environ)
+    guard_mode(environ)
 
 
 def _warn_once(key: tuple, message: str) -> None:

@@ -1,0 +1,97 @@
+"""The guard in the training loop, through transformers' callbacks (in ``DEFAULT_CALLBACKS``, so
+every trainer of every rank has it, whether or not that rank calls vLLM):
+
+* ``on_log``: the ``offpolicy/*`` figures since the last log join the logged metrics (W&B,
+  TensorBoard and ``state.log_history`` get them), for GRPO trainers with ``use_vllm``;
+* ``on_step_end``, strict mode: one ``all_reduce(MAX)`` of "this rank alarmed", then
+  :class:`OffPolicyError` on every rank if any did. Every rank ends every optimizer step, so the
+  collective never waits for a rank that will not come.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from typing import Any, Dict, List
+
+from trl_compat.guard import _control
+from trl_compat.guard._alarms import LEDGER, error_for
+
+PREFIX = "offpolicy/"
+# figures summed over the logging window; the rest are averaged
+SUMMED = ("alarm", "rows_checked", "prompt_mismatch_rows")
+
+_class = None
+
+
+def _guarded_args(args: Any) -> bool:
+    return bool(getattr(args, "use_vllm", False)) and type(args).__name__.startswith("GRPOConfig")
+
+
+def metrics(figures: Dict[str, List[float]]) -> Dict[str, float]:
+    out = {PREFIX + "alarm": float(bool(figures.get("alarm")))}
+    for name, values in figures.items():
+        if name == "alarm" or not values:
+            continue
+        out[PREFIX + name] = float(sum(values)) if name in SUMMED else float(statistics.fmean(values))
+    out[PREFIX + "alarms_total"] = float(len(LEDGER.alarms))
+    return out
+
+
+def _any_rank(flag: bool, args: Any) -> bool:
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return flag
+    import torch
+
+    device = getattr(args, "device", "cpu") if dist.get_backend() == "nccl" else "cpu"
+    value = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def callback_class() -> type:
+    global _class
+    if _class is None:
+        from transformers import TrainerCallback
+
+        class OffPolicyGuardCallback(TrainerCallback):
+            """trl_compat's off-policy guard: its metrics in the logs, its alarms raised in strict mode."""
+
+            def on_step_begin(self, args, state, control, **kwargs):
+                if _guarded_args(args):
+                    LEDGER.step = state.global_step
+
+            def on_step_end(self, args, state, control, **kwargs):
+                if not _guarded_args(args) or not _control.active():
+                    return
+                if LEDGER.generations:
+                    LEDGER.steps_guarded += 1
+                local = LEDGER.take_unraised()
+                if _control.is_strict() and _any_rank(bool(local), args):
+                    raise error_for(local, elsewhere=not local)
+
+            def on_log(self, args, state, control, logs=None, **kwargs):
+                if logs is None or "loss" not in logs or not _guarded_args(args) or not _control.active() or not LEDGER.generations:
+                    return
+                values = metrics(LEDGER.take_figures())
+                logs.update(values)
+                if state.log_history and state.log_history[-1].get("loss") == logs.get("loss"):
+                    state.log_history[-1].update(values)
+
+        _class = OffPolicyGuardCallback
+    return _class
+
+
+def add(module: Any) -> None:
+    """Put the callback into ``transformers.trainer.DEFAULT_CALLBACKS`` (once)."""
+    defaults = module.DEFAULT_CALLBACKS
+    if callback_class() not in defaults:
+        defaults.append(callback_class())
+
+
+def remove() -> None:
+    trainer = sys.modules.get("transformers.trainer")
+    defaults = getattr(trainer, "DEFAULT_CALLBACKS", None)
+    if defaults is not None and _class in defaults:
+        defaults.remove(_class)

@@ -1,0 +1,143 @@
+"""The guard's hooks on TRL's ``VLLMClient`` (``trl vllm-serve``, TRL 0.16+): what the client can
+check of a server.
+
+On the client: P (the server's prompt ids from TRL 0.24, else vLLM's tokenisation of the text sent,
+re-done with the trainer's tokenizer), S (the sampling arguments sent) and C (a weight sync,
+``update_named_param``, must be followed by ``reset_prefix_cache`` before the next ``generate``).
+W2 and the engine's own call order need the server's process: with trl_compat active there
+(``trl-compat run -- trl vllm-serve``, or ``TRL_COMPAT_AUTO=1``) and the guard on, the in-process
+hooks of :mod:`._vllm` run in the server and its alarms are logged by the server. The server has
+no channel back into the trainer's metrics.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from typing import Any, Callable, Optional
+
+from trl_compat._engine import guarded
+from trl_compat.guard import _instances, _trainers, _vllm
+from trl_compat.guard._alarms import LEDGER
+from trl_compat.guard._records import PENDING, Sampled
+from trl_compat.guard.checks import engine_calls
+
+log = logging.getLogger("trl_compat.guard")
+GUARD_ID = "offpolicy-guard"
+SAMPLING_ARGUMENTS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "guided_decoding_regex",
+    "structured_outputs_regex",
+)
+
+
+def instrument_class(module: Any, patcher: Any) -> None:
+    patcher.wrap(module.VLLMClient, "__init__", _init_wrapper)
+
+
+def _init_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        with guarded(GUARD_ID, "instrumenting a vLLM client", fallback="this client is not guarded", logger=log):
+            instrument(self)
+
+    return __init__
+
+
+def instrument(client: Any) -> None:
+    if _instances.instrumented(client):
+        return
+    engine = _vllm.Engine(None, prefix_caching=True)  # the server's cache: TRL resets it after every sync
+    signature = _signature(type(client), "generate")
+    _instances.wrap_method(client, "generate", functools.partial(_generate_hook, engine, signature))
+    _instances.wrap_method(client, "update_named_param", functools.partial(_sync_hook, engine))
+    _instances.wrap_method(
+        client,
+        "reset_prefix_cache",
+        functools.partial(_vllm._event_hook, engine, "reset_prefix_cache", engine_calls.reset_prefix_cache),
+    )
+
+
+def _signature(cls: type, name: str) -> Optional[inspect.Signature]:
+    try:
+        return inspect.signature(getattr(cls, name))
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def _sync_hook(engine: Any, call: Callable[..., Any]) -> Callable[..., Any]:
+    def update_named_param(*args: Any, **kwargs: Any) -> Any:
+        result = call(*args, **kwargs)
+        with guarded(GUARD_ID, "recording a weight sync to the server", fallback="the sync is not checked", logger=log):
+            engine_calls.synced(engine, _trainers.global_step(_trainers.last_trainer()))
+        return result
+
+    return update_named_param
+
+
+def _generate_hook(engine: Any, signature: Optional[inspect.Signature], call: Callable[..., Any]) -> Callable[..., Any]:
+    def generate(*args: Any, **kwargs: Any) -> Any:
+        trainer = None
+        with guarded(GUARD_ID, "checking the server before generate", fallback="this generation is not checked", logger=log):
+            trainer = _trainers.calling_trainer()
+            if trainer is not None:
+                _trainers.adopt(trainer)
+                LEDGER.step = _trainers.global_step(trainer)
+            engine_calls.before_generate(engine)
+        result = call(*args, **kwargs)
+        with guarded(GUARD_ID, "recording the server's completions", fallback="this generation is not checked", logger=log):
+            if trainer is not None and signature is not None:
+                record(engine, dict(signature.bind_partial(None, *args, **kwargs).arguments), result)
+        return result
+
+    return generate
+
+
+def _token_logprobs(values: Any) -> Optional[tuple]:
+    if not isinstance(values, list):
+        return None
+    out = []
+    for value in values:
+        value = value[0] if isinstance(value, list) and value else value
+        if not isinstance(value, (int, float)):
+            return None
+        out.append(float(value))
+    return tuple(out)
+
+
+def record(engine: Any, arguments: dict, result: Any) -> None:
+    prompts = list(arguments.get("prompts") or [])
+    n = int(arguments.get("n") or 1)
+    if isinstance(result, dict):
+        completions, prompt_ids, logprobs = result.get("completion_ids"), result.get("prompt_ids"), result.get("logprobs")
+    else:
+        completions, prompt_ids, logprobs = result, None, None
+    if not isinstance(completions, list) or len(completions) != len(prompts) * n:
+        return
+    fields = {name: arguments[name] for name in SAMPLING_ARGUMENTS if name in arguments}
+    fields.update(arguments.get("generation_kwargs") or {})  # TRL 0.19+: they override on the server
+    sampling = _vllm.sampling_of(fields)
+    truncate = arguments.get("truncate_prompt_tokens")
+    number, step = _vllm.next_call(), LEDGER.step
+    for index, ids in enumerate(completions):
+        prompt = prompts[index // n]
+        known = prompt_ids[index // n] if isinstance(prompt_ids, list) else (prompt if isinstance(prompt, list) else None)
+        PENDING.add(
+            Sampled(
+                call=number,
+                step=step,
+                prompt_ids=tuple(known) if known is not None else None,
+                prompt_text=prompt if known is None and isinstance(prompt, str) else None,
+                completion_ids=tuple(int(t) for t in ids),
+                logprobs=_token_logprobs(logprobs[index]) if isinstance(logprobs, list) and index < len(logprobs) else None,
+                sampling=sampling,
+                engine=None,
+                truncate=truncate if isinstance(truncate, int) and truncate > 0 else None,
+            )
+        )

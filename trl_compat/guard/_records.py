@@ -1,0 +1,106 @@
+"""What vLLM was asked and returned, kept until the loss uses the completions.
+
+Completions are matched to the loss's rows by their token ids: the ids vLLM returned are the ids
+TRL trains on (padded, masked after the first EOS), whatever TRL does in between (the main-rank
+generation and broadcast of 0.14 - 0.17, ``process_slice``, the 0.18+ buffering of several steps'
+inputs, ``num_iterations``). A completion whose ids occur twice with different prompts is
+ambiguous and never compared. Rows TRL builds from several vLLM outputs (tool-call turns) match
+nothing and are not compared either.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass
+from typing import Any, Deque, Dict, Optional, Tuple
+
+MAX_PENDING = 16384  # completions kept for matching: a few steps' worth of any batch size
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampling parameters one generate call used, as far as the loss's policy depends on them."""
+
+    temperature: Optional[float]
+    top_k: Optional[int] = None  # None, 0 or -1: off
+    top_p: Optional[float] = None
+    min_p: Optional[float] = None
+    penalties: Tuple[str, ...] = ()  # names of active repetition/presence/frequency penalties
+    guided: bool = False  # guided decoding, structured outputs or logits processors
+    logprobs: bool = False  # whether the caller asked for log-probs
+
+    def truncated(self) -> Tuple[str, ...]:
+        """The settings that make generation deliberately differ from the full-vocabulary policy."""
+        found = []
+        if self.top_k not in (None, 0, -1):
+            found.append(f"top_k={self.top_k}")
+        if self.top_p not in (None, 1.0):
+            found.append(f"top_p={self.top_p}")
+        if self.min_p not in (None, 0.0):
+            found.append(f"min_p={self.min_p}")
+        found.extend(self.penalties)
+        if self.guided:
+            found.append("guided decoding / logits processors")
+        return tuple(found)
+
+
+@dataclass
+class Sampled:
+    """One completion vLLM generated."""
+
+    call: int  # the guard's number of the generate call that made it
+    step: int  # the optimizer step it was generated at
+    prompt_ids: Optional[Tuple[int, ...]]  # what vLLM generated from (None: only the text is known)
+    prompt_text: Optional[str]  # the text sent, where vLLM tokenised it in another process
+    completion_ids: Tuple[int, ...]
+    logprobs: Optional[Tuple[float, ...]]  # vLLM's log-prob of each sampled token
+    sampling: Sampling
+    engine: Any = None  # the guard's record of the engine (in-process), or None (server)
+    truncate: Optional[int] = None  # the server keeps the last this many ids of the prompt it tokenises
+    prompt_checked: bool = False
+    logprobs_checked: bool = False
+
+
+class Pending:
+    """The completions not yet matched, by their token ids."""
+
+    def __init__(self, limit: int = MAX_PENDING) -> None:
+        self._lock = threading.Lock()
+        self._order: Deque[Tuple[int, ...]] = collections.deque()
+        self._by_ids: Dict[Tuple[int, ...], Sampled] = {}
+        self._ambiguous: set = set()
+        self._limit = limit
+
+    def add(self, sampled: Sampled) -> None:
+        key = sampled.completion_ids
+        with self._lock:
+            known = self._by_ids.get(key)
+            if known is not None:
+                # the same completion again: of the same prompt, the newer one is what the loss gets next
+                if (known.prompt_ids, known.prompt_text) != (sampled.prompt_ids, sampled.prompt_text):
+                    self._ambiguous.add(key)
+                elif known.call != sampled.call:
+                    self._by_ids[key] = sampled
+                return
+            self._by_ids[key] = sampled
+            self._order.append(key)
+            while len(self._order) > self._limit:
+                old = self._order.popleft()
+                self._by_ids.pop(old, None)
+                self._ambiguous.discard(old)
+
+    def find(self, completion_ids: Tuple[int, ...]) -> Optional[Sampled]:
+        with self._lock:
+            if completion_ids in self._ambiguous:
+                return None
+            return self._by_ids.get(completion_ids)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._order.clear()
+            self._by_ids.clear()
+            self._ambiguous.clear()
+
+
+PENDING = Pending()
