@@ -1,11 +1,11 @@
 """Benchmark: what the off-policy guard costs a GRPO step and a weight sync, and what trl_compat's
 patches cost a step where no bug triggers.
 
-* **guard per step**: the same GRPO run (vLLM colocate on the test stand-in, a Qwen2 built in code)
-  with ``TRL_COMPAT_GUARD`` unset and ``=1``, in alternating fresh processes (the guard hooks an
-  engine when it is built). Time per optimizer step: median over the steps after the first of each
-  run, then the median over the rounds of the on/off ratio. Target: <= 2 % of a step where vLLM
-  already returns log-probs (TRL >= 0.23 asks for them itself).
+* **guard per step**: one GRPO run (vLLM colocate on the test stand-in, a Qwen2 built in code)
+  whose optimizer steps alternate between the guard paused and on (``_control.pause``: the hooks
+  pass straight through while paused), so that both are measured under the same load on a shared
+  machine; the median of the per-pair ratios. Target: <= 2 % of a step where vLLM already returns
+  log-probs (TRL >= 0.23 asks for them itself).
 * **guard per sync**: in one process, the engine model's ``load_weights`` of the trainer's whole
   state dict through the guard's hook (W1's audit, C's bookkeeping) vs vLLM's own method on the
   same engine, interleaved.
@@ -13,9 +13,9 @@ patches cost a step where no bug triggers.
   ``generate`` with and without it, interleaved. On the stand-in this measures the stand-in (it
   computes log-probs from Hugging Face's scores), not vLLM: the only figure for real vLLM is vLLM
   PR #57442's (0.947x tokens/s at concurrency 1 on a 0.5B model), quoted, not measured here.
-* **trl_compat, guard off**: the same run with no vLLM, every patch on vs ``TRL_COMPAT_DISABLE='*'``,
-  alternating fresh processes, in a cell where the applied patches find nothing to correct in this
-  run. Target: <= 1 % of a step.
+* **trl_compat, guard off**: the same run with no vLLM, its steps alternating between every patch
+  reverted (what ``TRL_COMPAT_DISABLE='*'`` leaves) and installed again, in a cell where the
+  applied patches find nothing to correct in this run. Target: <= 1 % of a step.
 
 Run:  tox -e bench-offpolicy_guard    or    python benchmarks/offpolicy_guard.py --out benchmarks/offpolicy_guard.md
 Needs the test stand-in of vLLM installed (a matrix cell's venv) and tests/support importable.
@@ -55,13 +55,16 @@ def _trainer(tmp: str, use_vllm: bool, steps: int, completion: int):
     return grpo_run.make_trainer(tmp, model=path, use_vllm=use_vllm, steps=steps, max_completion_length=completion)
 
 
-def _step_times(trainer) -> list:
+def _step_times(trainer, switch=None) -> list:
+    """Each optimizer step's time; ``switch(on)`` before each step, alternating off, on, off..."""
     from transformers import TrainerCallback
 
     times, started = [], []
 
     class Clock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
+            if switch is not None:
+                switch(state.global_step % 2 == 1)
             started.append(time.perf_counter())
 
         def on_step_end(self, args, state, control, **kwargs):
@@ -72,14 +75,43 @@ def _step_times(trainer) -> list:
     return times
 
 
-def worker_steps(use_vllm: bool, steps: int, completion: int) -> dict:
-    import trl_compat  # noqa: F401  (as a user's script does, before trl)
+def _guard_switch(on: bool) -> None:
+    from trl_compat.guard import _control
+
+    _control.pause(not on)
+
+
+def _patches_switch(on: bool) -> None:
+    import trl_compat
+
+    if on:
+        trl_compat.install()
+    else:
+        trl_compat.revert()
+
+
+def worker_alternating(kind: str, steps: int, completion: int) -> dict:
+    """One run whose steps alternate off and on (the guard paused and resumed, or every patch
+    reverted and installed again between steps): both under the same load."""
+    import trl_compat
     from trl_compat import guard
 
+    if kind == "guard":
+        guard.enable()
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = _trainer(tmp, use_vllm, steps, completion)
-        times = _step_times(trainer)
-    return {"step_s": statistics.median(times[1:]), "guard": guard.mode(), "stats": guard.stats()}
+        trainer = _trainer(tmp, kind == "guard", steps, completion)
+        times = _step_times(trainer, _guard_switch if kind == "guard" else _patches_switch)
+    if kind == "patches":
+        trl_compat.install()
+    pairs = [(times[i], times[i + 1]) for i in range(2, len(times) - 1, 2)]  # (off, on); steps 0-1 warm up
+    return {
+        "off_s": statistics.median(off for off, _ in pairs),
+        "on_s": statistics.median(on for _, on in pairs),
+        "ratio": statistics.median(on / off for off, on in pairs),
+        "pairs": len(pairs),
+        "applied": len(trl_compat.applied()),
+        "stats": guard.stats(),
+    }
 
 
 def worker_sync(reps: int) -> dict:
@@ -129,19 +161,6 @@ def _run_worker(args: list, extra_env: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def paired(args: list, a_env: dict, b_env: dict, rounds: int) -> tuple:
-    """Alternating fresh processes; returns (median a, median b, median of per-round b/a, raw rows)."""
-    rows = []
-    for index in range(rounds):
-        order = [(a_env, "a"), (b_env, "b")] if index % 2 == 0 else [(b_env, "b"), (a_env, "a")]
-        got = {label: _run_worker(args, env) for env, label in order}
-        rows.append(got)
-    a = statistics.median(r["a"]["step_s"] for r in rows)
-    b = statistics.median(r["b"]["step_s"] for r in rows)
-    ratio = statistics.median(r["b"]["step_s"] / r["a"]["step_s"] for r in rows)
-    return a, b, ratio, rows
-
-
 def versions() -> str:
     import importlib.metadata as md
 
@@ -158,15 +177,14 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", nargs="*")
     parser.add_argument("--out")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=22)
     parser.add_argument("--completion", type=int, default=32)
     parser.add_argument("--reps", type=int, default=15)
     args = parser.parse_args()
     if args.worker is not None:
         kind, *rest = args.worker
-        if kind == "steps":
-            result = worker_steps(rest[0] == "vllm", int(rest[1]), int(rest[2]))
+        if kind == "alt":
+            result = worker_alternating(rest[0], int(rest[1]), int(rest[2]))
         else:
             result = worker_sync(int(rest[0]))
         print(json.dumps(result))
@@ -174,40 +192,40 @@ def main() -> int:
 
     started = time.time()
     load_before = os.getloadavg()[0]
-    step_args = ["steps", "vllm", str(args.steps), str(args.completion)]
-    off, on, guard_ratio, guard_rows = paired(step_args, {}, {"TRL_COMPAT_GUARD": "1"}, args.rounds)
+    guard = _run_worker(["alt", "guard", str(args.steps), str(args.completion)], {})
     sync = _run_worker(["sync", str(args.reps)], {"TRL_COMPAT_GUARD": "1"})
-    plain_args = ["steps", "novllm", str(args.steps), str(args.completion)]
-    patched, disabled, patch_ratio, _ = paired(plain_args, {"TRL_COMPAT_DISABLE": "*"}, {}, args.rounds)
-    stats = guard_rows[0]["b"]["stats"] if guard_rows[0]["b"]["guard"] != "off" else guard_rows[0]["a"]["stats"]
+    patches = _run_worker(["alt", "patches", str(args.steps), str(args.completion)], {})
+    stats = guard["stats"]
     lines = [
         "# The off-policy guard and trl_compat's patches: cost per GRPO step and per weight sync",
         "",
-        f"Generated by `tox -e bench-offpolicy_guard` (`python benchmarks/offpolicy_guard.py --rounds {args.rounds} --steps "
-        f"{args.steps} --completion {args.completion} --reps {args.reps}`) on {time.strftime('%Y-%m-%d')}, {platform.machine()}, "
-        f"{os.cpu_count()} CPU cores, Python {platform.python_version()}, {versions()}; whole run {time.time() - started:.0f} s, "
-        f"load average {load_before:.1f} before / {os.getloadavg()[0]:.1f} after. One thread per process. vLLM is the test stand-in.",
+        f"Generated by `tox -e bench-offpolicy_guard` (`python benchmarks/offpolicy_guard.py --steps {args.steps} --completion "
+        f"{args.completion} --reps {args.reps}`) on {time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} CPU "
+        f"cores, Python {platform.python_version()}, {versions()}; whole run {time.time() - started:.0f} s, load average "
+        f"{load_before:.1f} before / {os.getloadavg()[0]:.1f} after. One thread per process. vLLM is the test stand-in.",
         "",
-        f"Model: Qwen2 built in code ({MODEL['hidden_size']} hidden, {MODEL['num_hidden_layers']} layers), float32; "
-        f"{args.steps} optimizer steps per run (the first left out), completions of up to {args.completion} tokens. "
-        "Ratios are medians of per-round ratios of alternating fresh processes (the same load for both).",
+        f"Model: Qwen2 built in code ({MODEL['hidden_size']} hidden, {MODEL['num_hidden_layers']} layers), float32, completions of "
+        f"up to {args.completion} tokens. Per step: one training run of {args.steps} optimizer steps whose steps alternate off "
+        "and on (the guard paused and resumed; every patch reverted and installed again), so both are measured under the "
+        f"same load; steps 0 and 1 left out, then the median over {guard['pairs']} (guard) and {patches['pairs']} (patches) "
+        "pairs of the ratio of a step on to the step off before it. Per sync and per generate: interleaved calls on one engine.",
         "",
         "| measured | off | on | on / off | target |",
         "|---|---|---|---|---|",
-        f"| GRPO step, vLLM colocate, guard (`TRL_COMPAT_GUARD=1`) | {off * 1e3:.1f} ms | {on * 1e3:.1f} ms | "
-        f"{guard_ratio:.3f}x | <= 1.02x |",
-        f"| weight sync (whole state dict into the engine), guard's hook | {sync['sync_off_s'] * 1e3:.2f} ms | "
+        f"| GRPO step, vLLM colocate, the guard | {guard['off_s'] * 1e3:.1f} ms | {guard['on_s'] * 1e3:.1f} ms | "
+        f"{guard['ratio']:.3f}x | <= 1.02x |",
+        f"| weight sync (whole state dict into the engine), the guard's hook | {sync['sync_off_s'] * 1e3:.2f} ms | "
         f"{sync['sync_on_s'] * 1e3:.2f} ms | {sync['sync_on_s'] / sync['sync_off_s']:.3f}x | - |",
-        f"| one generate of 8 prompts, `logprobs=0` asked (stand-in, not vLLM) | {sync['gen_s'] * 1e3:.1f} ms | "
+        f"| one generate of 8 prompts, `logprobs=0` asked (the stand-in, not vLLM) | {sync['gen_s'] * 1e3:.1f} ms | "
         f"{sync['gen_logprobs_s'] * 1e3:.1f} ms | {sync['gen_logprobs_s'] / sync['gen_s']:.3f}x | - |",
-        f"| GRPO step, no vLLM: every patch on vs `TRL_COMPAT_DISABLE='*'` (guard off) | {disabled * 1e3:.1f} ms | "
-        f"{patched * 1e3:.1f} ms | {patch_ratio:.3f}x | <= 1.01x |",
+        f"| GRPO step, no vLLM, guard off: the {patches['applied']} applied patches vs none | {patches['off_s'] * 1e3:.1f} ms | "
+        f"{patches['on_s'] * 1e3:.1f} ms | {patches['ratio']:.3f}x | <= 1.01x |",
         "",
-        f"In the guarded runs the guard saw {stats['generations']} generate calls and checked {stats['rows_checked']} loss rows "
-        f"against vLLM's completions per run, with {stats['alarms']} alarms.",
+        f"The guarded run: {stats['generations']} generate calls, {stats['rows_checked']} loss rows checked against vLLM's "
+        f"completions (in the steps it was on), {stats['alarms']} alarms.",
         "",
-        f"- guard per step: {'met' if guard_ratio <= 1.02 else 'NOT met'} ({(guard_ratio - 1) * 100:+.1f} %)",
-        f"- trl_compat's patches per step: {'met' if patch_ratio <= 1.01 else 'NOT met'} ({(patch_ratio - 1) * 100:+.1f} %)",
+        f"- the guard per step: {'met' if guard['ratio'] <= 1.02 else 'NOT met'} ({(guard['ratio'] - 1) * 100:+.1f} %)",
+        f"- trl_compat's patches per step: {'met' if patches['ratio'] <= 1.01 else 'NOT met'} ({(patches['ratio'] - 1) * 100:+.1f} %)",
         "",
     ]
     text = "\n".join(lines)

@@ -18,7 +18,7 @@ from typing import Any, List, Optional, Tuple
 
 from trl_compat._engine import guarded
 from trl_compat._helpers import logps_calls
-from trl_compat.guard import _instances, _trainers
+from trl_compat.guard import _control, _instances, _trainers
 from trl_compat.guard._alarms import LEDGER
 from trl_compat.guard._records import PENDING, Sampled
 from trl_compat.guard.checks import logprobs, prompts, sampling
@@ -78,7 +78,7 @@ def _nested_hook(trainer: Any, caller: Any) -> None:
 
     def pre(module: Any, args: tuple, kwargs: dict) -> None:
         owner = ref()
-        if owner is None or not _any_generated() or not logps_calls.called_from(caller.raw):
+        if owner is None or not _control.active() or not _any_generated() or not logps_calls.called_from(caller.raw):
             return None
         with guarded(GUARD_ID, "matching the loss's rows to vLLM's completions", fallback="these rows are not checked", logger=log):
             frame = _frame_of(caller.raw)
