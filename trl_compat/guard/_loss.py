@@ -20,7 +20,7 @@ from trl_compat._engine import guarded
 from trl_compat._helpers import logps_calls
 from trl_compat.guard import _control, _instances, _trainers
 from trl_compat.guard._alarms import LEDGER
-from trl_compat.guard._records import PENDING, Sampled
+from trl_compat.guard._records import Sampled, pending
 from trl_compat.guard.checks import logprobs, prompts, sampling
 
 log = logging.getLogger("trl_compat.guard")
@@ -139,9 +139,10 @@ def observe(trainer: Any, caller: Any, model: Any, input_ids: Any, attention_mas
         return
     LEDGER.step = _trainers.global_step(trainer)
     pad, eos, tokenizer = tokens(trainer)
+    store = pending(trainer)
     matched: List[Tuple[int, list, Sampled]] = []
     for index, (prompt, completion) in enumerate(split_rows(input_ids, attention_mask, keep, pad, eos)):
-        sampled = PENDING.find(completion)
+        sampled = store.find(completion)
         if sampled is not None:
             matched.append((index, prompt, sampled))
     if not matched:
