@@ -88,6 +88,24 @@ def skip_reason() -> Optional[str]:
     return _REASON or None
 
 
+def release() -> None:
+    """After a test that built engines: free them and, on vLLM >= 0.10, leave the process as a fresh
+    one: take down the process group V1's in-process ``external_launcher`` executor opened (TRL's
+    colocate mode; world size 1) and drop the ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` TRL set in
+    ``os.environ``. Left, they make the next test's ``GRPOConfig`` distributed (DDP with world size 1),
+    under which TRL 0.23+'s default reentrant gradient checkpointing and LoRA fail ("Expected to mark
+    a variable ready only once"); a user's run is one trainer in one process."""
+    import gc
+
+    gc.collect()
+    if DEVICE is not None and V1:
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
+        for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+            os.environ.pop(name, None)
+
+
 def engine_kwargs(**extra: Any) -> dict[str, Any]:
     """``vllm.LLM`` keyword arguments for the tiny float32 checkpoints of ``tests/support/tiny.py``."""
     kwargs: dict[str, Any] = dict(dtype="float32", enforce_eager=True, max_model_len=128, seed=0)

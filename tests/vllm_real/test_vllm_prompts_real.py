@@ -76,7 +76,7 @@ def engine_runs(monkeypatch):
 
     monkeypatch.setattr(grpo_module, "LLM", llm)
     yield ran
-    gc.collect()  # each trainer holds an engine (~1 GiB of CPU KV cache): free it before the next
+    real_vllm.release()  # each trainer holds an engine (~1 GiB of CPU KV cache; vLLM >= 0.10: a process group)
 
 
 def _needs(patch_id):

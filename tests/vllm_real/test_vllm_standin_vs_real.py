@@ -61,7 +61,7 @@ def load_standin():
 
 standin = load_standin()
 assert standin.__stand_in__ and not getattr(vllm, "__stand_in__", False)
-from _vllm_standin.engine.arg_utils import installed_version  # noqa: E402
+from _vllm_standin.engine.arg_utils import installed_version
 
 RELEASE = ".".join(map(str, real_vllm.VERSION[:3]))
 V1 = real_vllm.V1
