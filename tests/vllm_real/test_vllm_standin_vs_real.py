@@ -63,7 +63,7 @@ standin = load_standin()
 assert standin.__stand_in__ and not getattr(vllm, "__stand_in__", False)
 from _vllm_standin.engine.arg_utils import installed_version
 
-RELEASE = ".".join(map(str, real_vllm.VERSION[:3]))
+RELEASE = ".".join(map(str, real_vllm.VERSION))  # 0.10.2.post2 -> 0.10.2, 0.10.1.1.post2 -> 0.10.1.1
 V1 = real_vllm.V1
 ENGINE = dict(enable_prefix_caching=True, block_size=16)
 
