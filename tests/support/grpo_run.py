@@ -173,10 +173,19 @@ def real_vllm_config_overrides() -> dict[str, Any]:
         return {}
     env = COLOCATE_ENV
     if _installed_vllm_release()[:2] >= (0, 10):
-        env = {key: value for key, value in env.items() if key.startswith("MASTER_")}
+        # a free port: the group is opened in this process, and vllm-cpu-real may run beside it on 29517
+        env = {"MASTER_ADDR": COLOCATE_ENV["MASTER_ADDR"], "MASTER_PORT": str(_free_port())}
     for key, value in env.items():
         os.environ.setdefault(key, value)
     return {"vllm_mode": "colocate"}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _installed_vllm_release() -> tuple[int, ...]:
