@@ -14,6 +14,11 @@ import sys
 import xml.etree.ElementTree as ET
 
 STACK = ("torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "vllm")
+# Envs run by hand before each release, not in the default run (tox.ini): their rows are a section of
+# their own at the end of RESULTS.md, written when their results are in RESULTS_DIR and otherwise carried
+# over from the RESULTS.md being replaced, so that a default run keeps the last by-hand rows and their date.
+BY_HAND = ("vllm-cpu-real-0.10-",)
+BY_HAND_HEADING = "## Run by hand before each release"
 
 
 def outcomes(xml_path):
@@ -37,7 +42,8 @@ def outcomes(xml_path):
 
 def main(results_dir, output):
     results_dir = pathlib.Path(results_dir)
-    cells = sorted(p.stem for p in results_dir.glob("*.json"))
+    cells = sorted(p.stem for p in results_dir.glob("*.json") if not p.stem.startswith(BY_HAND))
+    by_hand = sorted(p.stem for p in results_dir.glob("*.json") if p.stem.startswith(BY_HAND))
     # A cell whose venv never installed leaves no report: say so instead of
     # quietly writing a table without it.
     here = pathlib.Path(__file__).parent
@@ -48,7 +54,7 @@ def main(results_dir, output):
     missing = [c for c in declared if c not in cells]
     reports = {c: json.loads((results_dir / f"{c}.json").read_text()) for c in cells}
     # an env without a report (package) has a row in the tests table only
-    tested = sorted(set(cells) | {p.stem for p in results_dir.glob("*.xml")})
+    tested = sorted(set(cells) | {p.stem for p in results_dir.glob("*.xml") if not p.stem.startswith(BY_HAND)})
     tests = {c: outcomes(results_dir / f"{c}.xml") for c in tested}
     patch_ids = []
     for data in reports.values():
@@ -108,12 +114,47 @@ def main(results_dir, output):
         for rec in reports[cell]["patches"]:
             lines.append(f"- `{rec['id']}`: **{rec['status']}**: {rec['reason']}")
         lines.append("\n</details>")
+    previous = pathlib.Path(output).read_text() if pathlib.Path(output).exists() else ""
+    head, _, kept = previous.partition(BY_HAND_HEADING)
+    if by_hand and not cells and head.strip():
+        # only by-hand envs ran (`tox -e vllm-cpu-real-0.10,results`): the default run's tables stay
+        lines = head.rstrip("\n").splitlines()
+        missing = []
+    if by_hand:
+        lines += [""] + by_hand_section(results_dir, by_hand, total)
+    elif kept:
+        lines += ["", (BY_HAND_HEADING + kept).rstrip("\n")]
     pathlib.Path(output).write_text("\n".join(lines) + "\n")
     print(f"wrote {output} for {len(cells)} cells")
     print(f"matrix: {total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
     if missing:
         print("no report from: " + ", ".join(missing))
-    return 1 if total["failed"] or not cells else 0
+    return 1 if total["failed"] or not (cells or by_hand) else 0
+
+
+def by_hand_section(results_dir, cells, total):
+    """The by-hand envs' rows: applied / disabled patches, tests per module, versions; counted into ``total``."""
+    lines = [
+        BY_HAND_HEADING,
+        "",
+        f"Not in the default run (`matrix/README.md` says when and how to run them); these rows are from {datetime.date.today()}.",
+        "",
+        "| cell | applied | disabled | tests (passed / failed / skipped per module) | " + " | ".join(STACK) + " |",
+        "|---|---|---|---|" + "---|" * len(STACK),
+    ]
+    for cell in cells:
+        report = json.loads((results_dir / f"{cell}.json").read_text())
+        by_status = collections.defaultdict(list)
+        for rec in report["patches"]:
+            by_status[rec["status"]].append(f"`{rec['id']}`")
+        per_module = outcomes(results_dir / f"{cell}.xml")
+        for counts in per_module.values():
+            total.update(counts)
+        tests = "; ".join(f"{m} {c['passed']} / {c['failed']} / {c['skipped']}" for m, c in sorted(per_module.items())) or "-"
+        applied, disabled = (", ".join(by_status[status]) or "-" for status in ("applied", "disabled"))
+        versions = " | ".join(report["versions"].get(d) or "-" for d in STACK)
+        lines.append(f"| {cell} | {applied} | {disabled} | {tests} | {versions} |")
+    return lines
 
 
 if __name__ == "__main__":

@@ -295,14 +295,21 @@ def test_standin_engine_choice(tmp_path, monkeypatch):
 
 @requires_standin
 def test_standin_llm_generates_with_loaded_weights(tmp_path):
+    from packaging.version import Version
     from vllm import LLM, SamplingParams
 
     path = tiny.save_tiny(tmp_path / "m", "qwen2")
     state = torch.random.get_rng_state()
-    llm = LLM(model=path, device="cpu", gpu_memory_utilization=0.5, dtype="float32", enable_prefix_caching=True)
+    # EngineArgs.device is gone from vLLM 0.10.0 (TRL 0.14 / 0.15 pass it, on vLLM 0.7 / 0.8)
+    device = {"device": "cpu"} if _standin_version() < Version("0.10.0") else {}
+    llm = LLM(model=path, gpu_memory_utilization=0.5, dtype="float32", enable_prefix_caching=True, **device)
     assert llm.model.received_names == []  # the checkpoint load at init is not recorded
     assert llm.llm_engine.model_executor.driver_worker.model_runner.model is llm.model
-    assert llm.engine_kwargs["device"] == "cpu"
+    if device:
+        assert llm.engine_kwargs["device"] == "cpu"
+    else:
+        with pytest.raises(TypeError, match=r"unexpected keyword argument 'device'"):
+            LLM(model=path, device="cpu")
     assert LLM(model=path).dtype == torch.float16  # vLLM: "auto" runs float32 checkpoints in float16
 
     tok = tiny.make_tokenizer()
@@ -374,7 +381,7 @@ def test_standin_engine_args_follow_the_version(tmp_path):
 @requires_standin
 def test_standin_logprobs_raw_and_processed(tmp_path):
     """``SamplingParams(logprobs=k)``: per token ``{token_id: Logprob}``, the sampled token first; raw =
-    log-softmax of the raw logits, processed = after the temperature (``logprobs_mode``)."""
+    log-softmax of the raw logits, processed = after the temperature from vLLM 0.10.2 (``logprobs_mode``)."""
     from packaging.version import Version
     from vllm import LLM, SamplingParams
 
@@ -393,7 +400,9 @@ def test_standin_logprobs_raw_and_processed(tmp_path):
         ids = torch.tensor([out.prompt_token_ids + completion.token_ids])
         with torch.no_grad():
             logits = model(ids).logits[0, len(out.prompt_token_ids) - 1 : -1].float()
-        temperature = 1.0 if mode == "raw_logprobs" else 0.5
+        # vLLM 0.10.0 / 0.10.1's "processed" log-probs are taken before the temperature, 0.10.2's after it
+        tempered = mode == "processed_logprobs" and _standin_version() >= Version("0.10.2")
+        temperature = 0.5 if tempered else 1.0
         expected = torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(completion.token_ids)[:, None])[:, 0]
         got = torch.tensor([next(iter(lp.values())).logprob for lp in completion.logprobs])
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)

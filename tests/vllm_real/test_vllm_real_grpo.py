@@ -1,7 +1,8 @@
 """Real GRPO runs on a REAL vLLM engine, with and without trl_compat (the vllm-cpu-real cell).
 
-TRL 0.14.0 / 0.15.0 / 0.15.2 build vLLM in process (``vllm_device="cpu"``), 0.18.2 / 0.19.1 in
-``vllm_mode="colocate"`` (``grpo_run.make_trainer`` picks it). ``EngineSpy`` watches the engine
+TRL 0.14.0 / 0.15.0 / 0.15.2 build vLLM in process (``vllm_device="cpu"``), 0.18.2 / 0.19.1 (vLLM
+0.8.5) and 0.23.1 / 0.24.0 (vLLM 0.10.2, the vllm-cpu-real-0.10 env) in ``vllm_mode="colocate"``
+(``grpo_run.make_trainer`` picks it). ``EngineSpy`` watches the engine
 itself: every ``load_weights`` call on the model inside vLLM (the names it received), every
 ``reset_prefix_cache()``, every ``generate()`` (prompt tokens vLLM served from its prefix cache,
 ``real_vllm.PrefixCacheMeter``), and per weight sync what vLLM's packed parameters hold.
@@ -24,7 +25,6 @@ IPEX, vLLM's CPU default is 128 tokens, longer than these prompts, so nothing wo
 from __future__ import annotations
 
 import copy
-import gc
 import warnings
 
 import pytest
@@ -71,7 +71,7 @@ def small_kv_blocks(monkeypatch):
 
     monkeypatch.setattr(grpo_module, "LLM", llm)
     yield
-    gc.collect()  # each trainer holds an engine (~1 GiB of CPU KV cache): free it before the next
+    real_vllm.release()  # each trainer holds an engine (~1 GiB of CPU KV cache; vLLM >= 0.10: a process group)
 
 
 def dataset(n=8):

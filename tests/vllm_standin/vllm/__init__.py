@@ -35,16 +35,18 @@ Reproduced faithfully (vLLM 0.7.2, tp=1, pp=1, no quantization):
 * ``LLM(**kwargs)``: what its signature does not name goes to ``EngineArgs``; a name the installed
   version's ``EngineArgs`` lacks raises ``TypeError: EngineArgs.__init__() got an unexpected keyword
   argument 'x'`` (``vllm/engine/arg_utils.py``: ``logprobs_mode`` from 0.10.0, ``kv_cache_memory_bytes``
-  from 0.11.0; ``model_impl``, ``enable_sleep_mode``, ``max_num_batched_tokens``, ... all versions).
+  from 0.11.0, ``device`` until 0.9.x; ``model_impl``, ``enable_sleep_mode``, ``max_num_batched_tokens``, ... all versions).
 * Log-probs: ``SamplingParams(logprobs=k)`` gives each completion ``logprobs``, one
   ``{token_id: Logprob(logprob, rank, decoded_token)}`` dict per generated token, the sampled token
   first, then the top ``k`` (``vllm.logprobs.Logprob``, also ``vllm.sequence.Logprob``), and
   ``cumulative_logprob``. What they are follows ``LLM(logprobs_mode=...)`` (vLLM >= 0.10.0):
   ``"raw_logprobs"`` (the default; and the only behaviour below 0.10: V1's) = log-softmax of the raw
   logits (temperature 1, no penalties); ``"processed_logprobs"`` = log-softmax of the logits sampling
-  used, after repetition penalty, temperature and top-k / top-p / min-p masking; ``"raw_logits"`` /
-  ``"processed_logits"`` the same without the log-softmax. (Whether vLLM 0.10.0 / 0.10.1's
-  "processed" already included the temperature is not established upstream; the stand-in's does.)
+  used, after repetition penalty, temperature and top-k / top-p / min-p masking (vLLM 0.10.2 on);
+  installed as 0.10.0 / 0.10.1.x, after the repetition penalty only, before the temperature and
+  top-k / top-p (those releases' ``vllm/v1/sample/sampler.py`` takes them there; 0.10.2 moved them
+  after, the value compared with a real 0.10.2 engine in ``tests/vllm_real/test_vllm_standin_vs_real.py``);
+  ``"raw_logits"`` / ``"processed_logits"`` the same without the log-softmax.
 * Sleep mode (vLLM >= 0.10, V1): ``llm.sleep(level=1|2)`` resets the prefix cache and, with
   ``enable_sleep_mode=True``, puts weights and KV cache to sleep: level 1 keeps the weights (CPU
   offload), level 2 discards them, and what ``wake_up`` maps back is garbage: the stand-in

