@@ -23,9 +23,11 @@ row by row, with the engine's requests: prompt ids, and the completions the engi
 * vllm-double-bos (chat prompts): without the patch every prompt the engine ran is ``[BOS] +`` the
   loss's (``[BOS, BOS, <|start_header_id|>, ...]``); with it, the loss's ids. The server only ever
   sees text; the patch sends the text its tokenizer turns into the training ids.
-  Both patches change only GRPOTrainer methods (the client's generation); the server process
-  imports TRL's trainer module but never builds a trainer, so switching them off in the client is
-  switching them off for everything that decides the prompt. One server serves both runs.
+  Both patches change only GRPOTrainer methods (the client's generation). The server process
+  imports TRL's trainer module, so they are applied there too (its statuses are asserted equal to the
+  cell's row of tests/support/expected_status.py), but it never builds a GRPOTrainer (recorded,
+  asserted): switching them off in the client switches them off for everything that decides the
+  prompt, and one server serves the unpatched and the patched run.
 
 NOT COVERED: the weight sync. TRL 0.16-0.18's client and server send the weights over NCCL
 (``PyNcclCommunicator``), which has no CPU build. The client's ``init_communicator``,
@@ -35,8 +37,8 @@ asserted of the sync: per sync (TRL 0.16.1 before step 1; 0.17 / 0.18 before ste
 client sent each parameter once, under the names, shapes and dtypes of the trainer's model and with
 its values at that moment (LoRA: the merged weights under the base model's names), then called
 ``reset_prefix_cache``, and that call reached the real engine (once per sync, between the
-generations). That the server's workers receive and load those tensors is proved nowhere here; the
-stand-in's server tests (tests/vllm_standin) cover it only against the stand-in.
+generations). That the server's workers receive and load those tensors is not tested anywhere
+(the stand-in's ``trl vllm-serve`` runs no weight sync either).
 
 CPU adaptation, TRL 0.16.x only: its server passes vLLM ``worker_cls=WeightSyncWorker``, a subclass
 of vLLM's CUDA worker, which cannot start on the CPU; the recorder rebases that class onto vLLM's
@@ -47,6 +49,7 @@ sync, which nothing calls.
 from __future__ import annotations
 
 import copy
+import os
 import sys
 import warnings
 
@@ -75,6 +78,7 @@ import trl_compat
 from trl_compat._helpers import vllm_prompts
 from trl_compat._helpers.models import peel
 
+import expected_status
 import grpo_run
 import tiny
 from vllm_server import VllmServer
@@ -209,6 +213,13 @@ def check_server(server):
     assert "vllm_standin" not in engine["vllm_file"] and engine["vllm_file"].startswith(sys.prefix), engine
     assert engine["config"] == {"dtype": "torch.float32", "max_model_len": 128, "enforce_eager": True, "model": server.model_dir}
     assert engine["trl_compat"]["how"] == "launcher", engine["trl_compat"]
+    # the server imports TRL's trainer module: the cell's patches are applied there as in the client
+    # (tests/support/expected_status.py), but no GRPOTrainer, whose methods they change, is ever built
+    cell = os.environ.get("TRL_COMPAT_CELL")
+    if cell in expected_status.APPLIED:
+        applied = {k for k, v in engine["trl_compat"]["statuses"].items() if v == "applied"}
+        assert applied == expected_status.APPLIED[cell], engine["trl_compat"]
+    assert [e for e in server.events() if e["event"] == "grpo_trainer"] == []
     rebased = [e for e in server.events() if e["event"] == "cpu_worker_base"]
     assert len(rebased) == (1 if TRL.release[:2] == (0, 16) else 0), rebased
 

@@ -11,6 +11,8 @@ forked engine process share it):
   this process with the statuses of its patches (the bootstrap imports it after this file runs);
 * ``generate``: one ``LLM.generate`` call: per ``RequestOutput``, the ``prompt_token_ids`` the
   engine ran and the completions' ``token_ids``;
+* ``grpo_trainer``: a ``GRPOTrainer`` is being built in the server process (none ever should: the
+  prompt patches change only its methods, so they cannot act in a server);
 * ``reset_prefix_cache``: one ``LLMEngine.reset_prefix_cache`` call (TRL 0.16's server calls the
   engine's, 0.17+'s ``LLM.reset_prefix_cache``, which calls it) and what it returned.
 
@@ -31,7 +33,6 @@ import os
 import sys
 
 _LOG = os.environ.get("TRL_COMPAT_TEST_SERVE_LOG")
-_WATCHED = ("vllm.entrypoints.llm", "trl.scripts.vllm_serve", "vllm.model_executor.models.registry")
 
 
 def _write(event, **fields):
@@ -97,6 +98,16 @@ def _on_vllm_serve(module):
         _write("cpu_worker_base", worker=f"{worker.__module__}.{worker.__qualname__}")
 
 
+def _on_grpo_module(module):
+    init = module.GRPOTrainer.__init__
+
+    def recording_init(self, *args, **kwargs):
+        _write("grpo_trainer")
+        return init(self, *args, **kwargs)
+
+    module.GRPOTrainer.__init__ = recording_init
+
+
 def _on_registry(module):
     if hasattr(module, "_run_in_subprocess"):
         module._run_in_subprocess = lambda fn: fn()
@@ -104,6 +115,7 @@ def _on_registry(module):
 
 _HOOKS = {"vllm.entrypoints.llm": _on_llm_module, "trl.scripts.vllm_serve": _on_vllm_serve}
 _HOOKS["vllm.model_executor.models.registry"] = _on_registry
+_HOOKS["trl.trainer.grpo_trainer"] = _on_grpo_module
 
 
 class _Loader:
