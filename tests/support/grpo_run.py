@@ -34,6 +34,10 @@ stand-in opens no process group, so nothing more is needed on the CPU.
 With a REAL vLLM installed instead (the vllm-cpu-real cell, ``matrix/vllm_cpu/``), ``use_vllm=True``
 runs against it: TRL 0.14 / 0.15 as above, TRL >= 0.18 in ``vllm_mode="colocate"`` (with
 ``COLOCATE_ENV``); 0.16 / 0.17 are server-only and raise ``VLLMPathUnsupported``.
+
+``use_vllm="server"`` (TRL >= 0.16): the client of a running ``trl vllm-serve``, real or stand-in
+(``vllm_mode="server"``; pass ``vllm_server_host``/``vllm_server_port``): see
+``tests/support/vllm_server.py`` and ``tests/vllm_real/test_vllm_serve_real.py``.
 """
 
 from __future__ import annotations

@@ -99,13 +99,13 @@ def _on_vllm_serve(module):
 
 
 def _on_grpo_module(module):
-    init = module.GRPOTrainer.__init__
-
-    def recording_init(self, *args, **kwargs):
+    # __new__, not __init__: trl_compat's probes read the source of GRPOTrainer.__init__ (TRL's
+    # classes inherit object.__new__, which must not be given the arguments)
+    def recording_new(cls, *args, **kwargs):
         _write("grpo_trainer")
-        return init(self, *args, **kwargs)
+        return object.__new__(cls)
 
-    module.GRPOTrainer.__init__ = recording_init
+    module.GRPOTrainer.__new__ = recording_new
 
 
 def _on_registry(module):
