@@ -69,8 +69,9 @@ def group_members(pgid: int) -> list[int]:
 
 
 class VllmServer:
-    def __init__(self, process: subprocess.Popen, port: int, log: pathlib.Path, events: Optional[pathlib.Path]):
+    def __init__(self, process: subprocess.Popen, port: int, log: pathlib.Path, events: Optional[pathlib.Path], model_dir=None):
         self.process, self.port, self.log, self.events_file = process, port, log, events
+        self.model_dir = None if model_dir is None else str(model_dir)
         self.stopped = False
 
     @classmethod
@@ -108,7 +109,7 @@ class VllmServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        return cls(process, port, log, events)
+        return cls(process, port, log, events, model_dir)
 
     def tail(self, chars: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-chars:]
