@@ -212,6 +212,16 @@ APPLIED = {
         "vllm-prefix-cache",
         "vllm-prompt-truncation",
     },
+    # 0.16.1 / 0.17.0: server mode only (tests/vllm_real/test_vllm_serve_real.py starts `trl vllm-serve`)
+    "vllm-cpu-real-trl0.16.1": {
+        "dataloader-workers",
+        "generation-config-model-defaults",
+        "pad-token",
+        "resume-buffered-inputs",
+        "vllm-double-bos",
+        "vllm-prompt-truncation",
+    },
+    "vllm-cpu-real-trl0.17.0": {"dataloader-workers", "generation-config-model-defaults", "vllm-double-bos", "vllm-prompt-truncation"},
     "vllm-cpu-real-trl0.18.2": {"fsdp2-vllm-sync", "generation-config-model-defaults", "vllm-double-bos", "vllm-prompt-truncation"},
     "vllm-cpu-real-trl0.19.1": {"fsdp2-vllm-sync", "generation-config-model-defaults", "logits-to-keep", "vllm-double-bos"},
     # the real vLLM 0.10.2 env (matrix/vllm_cpu/lock-0.10.txt): transformers 4.56.2, peft 0.17.1, accelerate 1.10.1,

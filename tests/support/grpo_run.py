@@ -34,6 +34,10 @@ stand-in opens no process group, so nothing more is needed on the CPU.
 With a REAL vLLM installed instead (the vllm-cpu-real cell, ``matrix/vllm_cpu/``), ``use_vllm=True``
 runs against it: TRL 0.14 / 0.15 as above, TRL >= 0.18 in ``vllm_mode="colocate"`` (with
 ``COLOCATE_ENV``); 0.16 / 0.17 are server-only and raise ``VLLMPathUnsupported``.
+
+``use_vllm="server"`` (TRL >= 0.16): the client of a running ``trl vllm-serve``, real or stand-in
+(``vllm_mode="server"``; pass ``vllm_server_host``/``vllm_server_port``): see
+``tests/support/vllm_server.py`` and ``tests/vllm_real/test_vllm_serve_real.py``.
 """
 
 from __future__ import annotations
@@ -207,8 +211,9 @@ def grpo_config_fields() -> set[str]:
     return {f.name for f in dataclasses.fields(GRPOConfig)}
 
 
-def make_config(output_dir: Union[str, os.PathLike], *, steps: int = 3, use_vllm: bool = False, **overrides: Any):
-    """A ``GRPOConfig`` with this module's defaults; returns ``(config, dropped_keys)``."""
+def make_config(output_dir: Union[str, os.PathLike], *, steps: int = 3, use_vllm: Union[bool, str] = False, **overrides: Any):
+    """A ``GRPOConfig`` with this module's defaults; returns ``(config, dropped_keys)``.
+    ``use_vllm="server"``: TRL >= 0.16's ``vllm_mode="server"`` (no colocate fields)."""
     from trl import GRPOConfig
 
     kwargs: dict[str, Any] = dict(
@@ -231,7 +236,11 @@ def make_config(output_dir: Union[str, os.PathLike], *, steps: int = 3, use_vllm
         dataloader_num_workers=0,
         dataloader_pin_memory=False,
     )
-    if use_vllm:
+    if use_vllm == "server":
+        # TRL >= 0.16's client of `trl vllm-serve`: vllm_server_host/port/timeout are 0.16+'s (pass them
+        # as overrides), vllm_mode is 0.18+'s (dropped on 0.16/0.17, which only have this mode)
+        kwargs.update(use_vllm=True, vllm_mode="server")
+    elif use_vllm:
         # fields a version lacks are dropped below: vllm_device/vllm_dtype are 0.14/0.15's,
         # vllm_mode is 0.18+'s
         kwargs.update(use_vllm=True, vllm_device="cpu", vllm_dtype="float32", vllm_gpu_memory_utilization=0.5, vllm_mode="colocate")
@@ -275,7 +284,7 @@ def make_trainer(
     *,
     model: Any = "qwen2",
     peft: bool = False,
-    use_vllm: bool = False,
+    use_vllm: Union[bool, str] = False,
     steps: int = 3,
     reward_funcs: Optional[Union[Callable, list]] = None,
     train_dataset: Any = None,
@@ -290,13 +299,17 @@ def make_trainer(
     vLLM can reload it), a checkpoint directory, or a model instance. ``peft=True`` adds the LoRA
     config ``r=8`` on all attention and MLP projections (or pass ``peft_config``).
     ``config_overrides`` are ``GRPOConfig`` fields; keys the installed version lacks are dropped
-    and listed in ``trainer.tiny_dropped_config_keys``.
+    and listed in ``trainer.tiny_dropped_config_keys``. ``use_vllm="server"`` (TRL >= 0.16): talk to a
+    running ``trl vllm-serve`` (pass ``vllm_server_host``/``vllm_server_port``); nothing is checked here.
     """
     from trl import GRPOTrainer
 
     tmpdir = os.fspath(tmpdir)
     os.makedirs(tmpdir, exist_ok=True)
-    if use_vllm:
+    if use_vllm == "server":
+        if trl_version()[:2] < (0, 16):
+            raise VLLMPathUnsupported("use_vllm='server': TRL < 0.16 has no vLLM server client")
+    elif use_vllm:
         real = real_vllm_installed()
         reason = real_vllm_unsupported_reason() if real else vllm_unsupported_reason()
         if reason is not None:
