@@ -14,7 +14,9 @@ import statistics
 import sys
 from typing import Any, Dict, List
 
+from trl_compat._engine import guarded
 from trl_compat.guard import _control
+from trl_compat.guard.checks import logprobs
 from trl_compat.guard._alarms import LEDGER, error_for
 
 PREFIX = "offpolicy/"
@@ -67,6 +69,8 @@ def callback_class() -> type:
                     return
                 if LEDGER.generations:
                     LEDGER.steps_guarded += 1
+                with guarded("offpolicy-guard", "deciding check L", fallback="this step's log-probs are not judged"):
+                    logprobs.flush()  # L judges the batches whose log-probs this step's loss computed
                 local = LEDGER.take_unraised()
                 if _control.is_strict() and _any_rank(bool(local), args):
                     raise error_for(local, elsewhere=not local)
