@@ -61,6 +61,9 @@ def collective_rpc(engine: Any, args: tuple, kwargs: dict) -> None:
     method = kwargs.get("method", args[0] if args else None)
     name = method if isinstance(method, str) else getattr(method, "__name__", None)
     if name == RELOAD:
+        loaded, engine.reload_loaded = getattr(engine, "reload_loaded", False), False
+        if engine.model is not None and not loaded:
+            return  # the engine's model loaded nothing: a reload made a no-op (trl_compat's vllm-sleep-mode-weights)
         engine.state = "disk"
 
 

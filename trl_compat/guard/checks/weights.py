@@ -210,7 +210,10 @@ def audit_sync(engine: Any, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
     """Called with ``load_weights``' arguments before vLLM sees them; returns them, the iterable
     wrapped so that each (name, tensor) is recorded as vLLM takes it."""
     state: Optional[Weights] = getattr(engine, "weights", None)
-    if state is None or _reloading():
+    if _reloading():
+        engine.reload_loaded = True  # for check C: this reload did load weights
+        return args, kwargs
+    if state is None:
         return args, kwargs
     trainer = _trainer()
     step = _trainers.global_step(trainer)
