@@ -197,3 +197,49 @@ def test_tiny_dataset_available():
     if not HAVE_TORCH:
         pytest.skip("needs torch")
     assert len(tiny.prompt_dataset(4)) == 4
+
+
+# -- W1: FSDP2 sends nothing (TRL 0.18/0.19), 2 real processes -------------------------------------------------
+
+
+def _fsdp2_or_skip():
+    from packaging.version import Version
+
+    from versions import installed
+
+    trl, torch_version, vllm = installed("trl"), installed("torch"), installed("vllm")
+    if not (trl is not None and Version("0.18.0") <= trl < Version("0.20.0") and vllm and torch_version >= Version("2.6.0")):
+        pytest.skip("needs trl 0.18/0.19 (fsdp2-vllm-sync's first window), vllm and torch >= 2.6")
+
+
+def _launch_fsdp2(tmp_path, monkeypatch, disable=""):
+    from workers import launch_two
+
+    monkeypatch.setenv("TRL_COMPAT_GUARD", "1")
+    model_dir = tiny.save_tiny(tmp_path / "tiny_qwen2", "qwen2")
+    run = launch_two("guard_fsdp2_worker.py", model_dir, tmp_path / "out", marker="G2|", disable=disable, timeout=480)
+    assert run.returncode == 0, run.tail()
+    run.per_rank("done")
+    return run
+
+
+def test_fsdp2_sync_sending_nothing_is_caught_by_W1_at_step_1(tmp_path, monkeypatch):
+    _fsdp2_or_skip()
+    run = _launch_fsdp2(tmp_path, monkeypatch, disable="fsdp2-vllm-sync")
+    for report in run.per_rank("guard"):
+        assert report["synced_names"] == 0, report  # TRL's FSDP1-only walk sent nothing
+        found = [(a["check"], a["step"]) for a in report["alarms"]]
+        assert ("W1", 1) in found and ("W1", 2) in found, report["alarms"]
+        w1 = [a for a in report["alarms"] if a["check"] == "W1"]
+        assert all(a["fix"] == "fsdp2-vllm-sync" and a["figures"]["sent"] == 0 for a in w1), w1
+        assert not [a for a in report["alarms"] if a["check"] == "W2"], report["alarms"]  # vLLM holds what it has
+        print("FSDP2 W1:", report["rank"], [a["line"] for a in w1][:1])
+
+
+def test_fsdp2_patched_sync_no_alarm(tmp_path, monkeypatch):
+    _fsdp2_or_skip()
+    run = _launch_fsdp2(tmp_path, monkeypatch)
+    for report in run.per_rank("guard"):
+        assert report["synced_names"] > 0, report
+        assert report["alarms"] == [], report["alarms"]
+        assert report["stats"]["generations"] == 3, report
