@@ -59,6 +59,7 @@ STACK_FREE = (
     "tests/engine/test_probe_text.py",
     "tests/engine/test_versions.py",
     "tests/engine/test_windows.py",
+    "tests/guard/test_guard_units.py",
     "tests/helpers/test_source.py",
     "tests/helpers/test_zero3.py",
     "tests/test_selection.py",

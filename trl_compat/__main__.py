@@ -57,8 +57,15 @@ def collect() -> dict:
         "versions": versions,
         "settings": settings.problems(known, [p.opt_in for p in registry() if p.opt_in]),
         "activation": activation.describe(),
+        "guard": guard_description(versions["trl"]),
         "patches": records,
     }
+
+
+def guard_description(trl: Optional[str]) -> dict:
+    from trl_compat.guard._describe import describe
+
+    return describe(trl)
 
 
 def _has_grpo_trainer() -> bool:
@@ -111,12 +118,16 @@ def headline(version: str, trl: dict) -> str:
 
 def render(data: dict) -> str:
     lines = [data["headline"], ""]
-    width = max(len(k) for k in list(data["versions"]) + ["activation", "settings"])
+    width = max(len(k) for k in list(data["versions"]) + ["activation", "settings", "guard"])
     for dist, version in data["versions"].items():
         if dist != "trl_compat":
             lines.append(f"  {dist:<{width}}  {version or '-'}")
     if "activation" in data:
         lines += ["", f"  {'activation':<{width}}  {data['activation']['summary']}"]
+    if "guard" in data:
+        lines.append(f"  {'guard':<{width}}  {data['guard']['summary']}")
+        if data["guard"]["mode"] != "off":
+            lines += [f"  {'':<{width}}    {check}: {row['where']}" for check, row in data["guard"]["checks"].items()]
     for variable, setting in data.get("settings", {}).items():
         said = setting["problem"] or f"{variable}={setting['value']!r}"
         lines.append(f"  {'settings':<{width}}  {said}")

@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 from trl_compat._engine import guarded
 from trl_compat.guard import _instances, _trainers, _vllm
 from trl_compat.guard._alarms import LEDGER
-from trl_compat.guard._records import PENDING, Sampled
+from trl_compat.guard._records import Sampled, pending
 from trl_compat.guard.checks import engine_calls
 
 log = logging.getLogger("trl_compat.guard")
@@ -93,7 +93,7 @@ def _generate_hook(engine: Any, signature: Optional[inspect.Signature], call: Ca
         result = call(*args, **kwargs)
         with guarded(GUARD_ID, "recording the server's completions", fallback="this generation is not checked", logger=log):
             if trainer is not None and signature is not None:
-                record(engine, dict(signature.bind_partial(None, *args, **kwargs).arguments), result)
+                record(engine, trainer, dict(signature.bind_partial(None, *args, **kwargs).arguments), result)
         return result
 
     return generate
@@ -111,7 +111,7 @@ def _token_logprobs(values: Any) -> Optional[tuple]:
     return tuple(out)
 
 
-def record(engine: Any, arguments: dict, result: Any) -> None:
+def record(engine: Any, trainer: Any, arguments: dict, result: Any) -> None:
     prompts = list(arguments.get("prompts") or [])
     n = int(arguments.get("n") or 1)
     if isinstance(result, dict):
@@ -124,11 +124,11 @@ def record(engine: Any, arguments: dict, result: Any) -> None:
     fields.update(arguments.get("generation_kwargs") or {})  # TRL 0.19+: they override on the server
     sampling = _vllm.sampling_of(fields)
     truncate = arguments.get("truncate_prompt_tokens")
-    number, step = _vllm.next_call(), LEDGER.step
+    number, step, store = _vllm.next_call(), LEDGER.step, pending(trainer)
     for index, ids in enumerate(completions):
         prompt = prompts[index // n]
         known = prompt_ids[index // n] if isinstance(prompt_ids, list) else (prompt if isinstance(prompt, list) else None)
-        PENDING.add(
+        store.add(
             Sampled(
                 call=number,
                 step=step,

@@ -14,6 +14,8 @@ import threading
 import weakref
 from typing import Any, Callable, Dict, List
 
+from trl_compat.guard import _control
+
 _lock = threading.Lock()
 _set: "weakref.WeakKeyDictionary[Any, List[str]]" = weakref.WeakKeyDictionary()
 _undo: List[Callable[[], None]] = []
@@ -38,7 +40,12 @@ def wrap_method(obj: Any, name: str, make: Callable[[Callable[..., Any]], Callab
             raise ReferenceError(f"{name}: the object was freed")
         return getattr(type(target), name)(target, *args, **kwargs)
 
-    wrapper = make(call)
+    hooked = make(call)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        # switched off (disable(), or paused): straight through, the wrapper stays until undone
+        return hooked(*args, **kwargs) if _control.active() else call(*args, **kwargs)
+
     try:
         setattr(wrapper, MARK, True)
     except (AttributeError, TypeError):

@@ -18,9 +18,9 @@ from typing import Any, List, Optional, Tuple
 
 from trl_compat._engine import guarded
 from trl_compat._helpers import logps_calls
-from trl_compat.guard import _instances, _trainers
+from trl_compat.guard import _control, _instances, _trainers
 from trl_compat.guard._alarms import LEDGER
-from trl_compat.guard._records import PENDING, Sampled
+from trl_compat.guard._records import Sampled, pending
 from trl_compat.guard.checks import logprobs, prompts, sampling
 
 log = logging.getLogger("trl_compat.guard")
@@ -78,7 +78,7 @@ def _nested_hook(trainer: Any, caller: Any) -> None:
 
     def pre(module: Any, args: tuple, kwargs: dict) -> None:
         owner = ref()
-        if owner is None or not _any_generated() or not logps_calls.called_from(caller.raw):
+        if owner is None or not _control.active() or not _any_generated() or not logps_calls.called_from(caller.raw):
             return None
         with guarded(GUARD_ID, "matching the loss's rows to vLLM's completions", fallback="these rows are not checked", logger=log):
             frame = _frame_of(caller.raw)
@@ -139,9 +139,10 @@ def observe(trainer: Any, caller: Any, model: Any, input_ids: Any, attention_mas
         return
     LEDGER.step = _trainers.global_step(trainer)
     pad, eos, tokenizer = tokens(trainer)
+    store = pending(trainer)
     matched: List[Tuple[int, list, Sampled]] = []
     for index, (prompt, completion) in enumerate(split_rows(input_ids, attention_mask, keep, pad, eos)):
-        sampled = PENDING.find(completion)
+        sampled = store.find(completion)
         if sampled is not None:
             matched.append((index, prompt, sampled))
     if not matched:

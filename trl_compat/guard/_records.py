@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Deque, Dict, Optional, Tuple
 
@@ -103,4 +104,15 @@ class Pending:
             self._ambiguous.clear()
 
 
-PENDING = Pending()
+_pending: "weakref.WeakKeyDictionary[Any, Pending]" = weakref.WeakKeyDictionary()
+_pending_lock = threading.Lock()
+
+
+def pending(trainer: Any) -> Pending:
+    """The completions generated for ``trainer``'s loss: one store per trainer, so that two runs in
+    one process (a notebook, a test session) never match each other's completions."""
+    with _pending_lock:
+        store = _pending.get(trainer)
+        if store is None:
+            store = _pending[trainer] = Pending()
+        return store

@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 from trl_compat._engine import guarded
 from trl_compat.guard import _instances, _trainers
 from trl_compat.guard._alarms import LEDGER
-from trl_compat.guard._records import PENDING, Sampled, Sampling
+from trl_compat.guard._records import Sampled, Sampling, pending
 from trl_compat.guard.checks import engine_calls, logprobs, weights
 
 log = logging.getLogger("trl_compat.guard")
@@ -170,7 +170,7 @@ def _generate_hook(engine: Engine, name: str, call: Callable[..., Any]) -> Calla
                 restore()
         with guarded(GUARD_ID, "recording vLLM's outputs", fallback="this generation is not checked", logger=log):
             if trainer is not None:  # generations of the user's own (eval scripts, ...) are not the loss's
-                record_outputs(engine, outputs, args, kwargs)
+                record_outputs(engine, trainer, outputs, args, kwargs)
         return outputs
 
     return generate
@@ -213,17 +213,17 @@ def next_call() -> int:
     return number
 
 
-def record_outputs(engine: Optional[Engine], outputs: Any, args: tuple, kwargs: dict) -> None:
+def record_outputs(engine: Optional[Engine], trainer: Any, outputs: Any, args: tuple, kwargs: dict) -> None:
     """Keep each completion of a generate call for matching with the loss's rows."""
     if not isinstance(outputs, (list, tuple)):
         return
-    number, step = next_call(), LEDGER.step
+    number, step, store = next_call(), LEDGER.step, pending(trainer)
     for output, params in zip(outputs, _params_per_request(args, kwargs, len(outputs))):
         sampling = sampling_of(params) if params is not None else Sampling(temperature=1.0)
         prompt_ids = getattr(output, "prompt_token_ids", None)
         for completion in getattr(output, "outputs", ()) or ():
             ids = tuple(int(t) for t in completion.token_ids)
-            PENDING.add(
+            store.add(
                 Sampled(
                     call=number,
                     step=step,
