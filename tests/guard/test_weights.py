@@ -49,14 +49,21 @@ def _checks(alarms, *names):
 
 
 def _engine_state(trainer):
-    from trl_compat.guard import _instances  # noqa: F401  (the guard is on)
-
-    llm = grpo_run.trainer_llm(trainer)
-    hook = vars(llm)["generate"]
-    engine = hook.__closure__ and next(
-        (c.cell_contents for c in hook.__closure__ if type(c.cell_contents).__name__ == "Engine"), None
-    )
-    return engine
+    """The guard's record of the trainer's engine (held by its generate hook)."""
+    seen, todo = set(), [vars(grpo_run.trainer_llm(trainer))["generate"]]
+    while todo:
+        fn = todo.pop()
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        for cell in getattr(fn, "__closure__", None) or ():
+            value = cell.cell_contents
+            if type(value).__name__ == "Engine":
+                return value
+            if callable(value):
+                todo.append(getattr(value, "func", value))
+                todo.extend(a for a in getattr(value, "args", ()) if type(a).__name__ == "Engine" or callable(a))
+    raise AssertionError("the guard's engine record was not found")
 
 
 # -- W1: LoRA's merged weights lost (TRL 0.15.0) ---------------------------------------------------------

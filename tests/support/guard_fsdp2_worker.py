@@ -40,8 +40,9 @@ def main():
     model_dir, out_dir = sys.argv[1], sys.argv[2]
 
     import trl_compat
-    import torch
     import trl_compat.guard as offpolicy
+
+    import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from trl import GRPOConfig, GRPOTrainer

@@ -16,8 +16,8 @@ from typing import Any, Dict, List
 
 from trl_compat._engine import guarded
 from trl_compat.guard import _control
-from trl_compat.guard.checks import logprobs
 from trl_compat.guard._alarms import LEDGER, error_for
+from trl_compat.guard.checks import logprobs
 
 PREFIX = "offpolicy/"
 # figures summed over the logging window; the rest are averaged

@@ -107,7 +107,7 @@ def sampled_logprobs(ids: Tuple[int, ...], logprobs: Any) -> Optional[Tuple[floa
 
 
 def domain(engine: Any) -> Optional[str]:
-    """"raw" or "processed": which log-probs the engine returns (None: unknown, e.g. a server)."""
+    """ "raw" or "processed": which log-probs the engine returns (None: unknown, e.g. a server)."""
     if engine is None:
         return None
     mode = getattr(engine, "logprobs_mode", None)

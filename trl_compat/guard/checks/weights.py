@@ -277,7 +277,11 @@ def _compare_sent(watch: Watch, sent: Any, dtype: Any, wanted: dict) -> Optional
         return {"name": watch.name, "kind": "differs", "frac": float(differ.double().mean()), "max": float((sent - value).abs().max())}
     base, bound = wanted["base"], wanted["bound"]
     moved = value.to(dtype) != base.to(dtype)
-    if not wanted.get("merged_in_place") and bool((sent == base.to(dtype).to(sent.dtype)).all()) and float(moved.double().mean()) >= MOVED:
+    if (
+        not wanted.get("merged_in_place")
+        and bool((sent == base.to(dtype).to(sent.dtype)).all())
+        and float(moved.double().mean()) >= MOVED
+    ):
         return {"name": watch.name, "kind": "unmerged", "frac": float(moved.double().mean()), "max": float((sent - value).abs().max())}
     off = (sent - value).abs() > ULPS * _ulp(dtype) * bound + 1e-30
     if float(off.double().mean()) > CORRUPT:
@@ -323,9 +327,7 @@ def _close(engine: Any, state: Weights) -> None:
     LEDGER.add("weights_sent", sync["count"])
     if sync["count"] and trainer is not None:
         missing = [
-            n
-            for n, w in state.watches.items()
-            if n not in sync["names"] and w.trainer_last is not None and _changed(trainer, w)
+            n for n, w in state.watches.items() if n not in sync["names"] and w.trainer_last is not None and _changed(trainer, w)
         ]
         if missing:
             LEDGER.fire(
@@ -351,10 +353,12 @@ def _fire_content(sync: dict, finding: dict) -> None:
         )
         cause, fix = "the adapter was unmerged before vLLM loaded the merged state dict (TRL 0.15.0, #2856)", "vllm-merged-weights"
     elif kind == "corrupted":
-        what = f"the weight sync of step {sync['step']} sent {name} differing from the merged LoRA weight on {frac:.1%} of sampled elements"
+        what = f"the weight sync of step {sync['step']} sent {name} off the merged LoRA weight on {frac:.1%} of sampled elements"
         cause, fix = "a wrong merge of the adapter into the sent weights", None
     else:
-        what = f"the weight sync of step {sync['step']} sent {name} differing from the trainer's weight on {frac:.1%} of sampled elements"
+        what = (
+            f"the weight sync of step {sync['step']} sent {name} differing from the trainer's weight on {frac:.1%} of sampled elements"
+        )
         cause, fix = "a stale or wrong copy of the weights was sent", None
     LEDGER.fire(Alarm("W1", what, cause, fix=fix, figures=figures))
 
