@@ -72,7 +72,7 @@ def ask_for_logprobs(args: tuple, kwargs: dict) -> Optional[Callable[[], None]]:
         return None
     params = kwargs.get("sampling_params", args[1] if len(args) > 1 else None)
     objects = list(params) if isinstance(params, (list, tuple)) else [params]
-    changed = []
+    changed: List[Any] = []
     for obj in objects:
         if obj is None or isinstance(obj, dict) or not hasattr(obj, "logprobs") or obj.logprobs is not None:
             continue
@@ -99,7 +99,8 @@ def sampled_logprobs(ids: Tuple[int, ...], logprobs: Any) -> Optional[Tuple[floa
         found = entry.get(token) if isinstance(entry, dict) else None
         if found is None:
             return None
-        values.append(float(getattr(found, "logprob", found)))
+        value: Any = getattr(found, "logprob", found)
+        values.append(float(value))
     return tuple(values)
 
 

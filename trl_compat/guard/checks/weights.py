@@ -40,6 +40,7 @@ import logging
 import re
 import sys
 import zlib
+from types import FrameType
 from typing import Any, Dict, List, Optional, Tuple
 
 from trl_compat._engine import guarded
@@ -127,7 +128,7 @@ def vllm_name(sent: str) -> str:
 
 
 def _reloading() -> bool:
-    frame = sys._getframe(2)
+    frame: Optional[FrameType] = sys._getframe(2)
     for _ in range(24):
         if frame is None:
             return False
