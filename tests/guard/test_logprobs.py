@@ -125,13 +125,25 @@ def test_noise_in_vllm_weights_is_caught_by_L(tmp_path, guard):
     print("noise D:", d, found[0].figures)
 
 
-def test_raw_logprobs_at_temperature_below_1_are_not_compared(tmp_path, unpatched, guard, caplog):
+def test_raw_logprobs_at_temperature_below_1_are_not_compared(tmp_path, unpatched, guard, monkeypatch):
     _vllm_or_skip(lambda v: v == (0, 23), "vllm-is-raw-logprobs")
-    with unpatched("vllm-is-raw-logprobs"), caplog.at_level("WARNING", logger="trl_compat.guard"):
+    from trl_compat.guard.checks import logprobs
+
+    reasons = []
+    gate = logprobs.unavailable
+
+    def spy(*args):
+        reasons.append(gate(*args))
+        return reasons[-1]
+
+    monkeypatch.setattr(logprobs, "unavailable", spy)
+    with unpatched("vllm-is-raw-logprobs"):
         trainer = grpo_run.make_trainer(tmp_path, use_vllm=True, steps=2, train_dataset=_dataset(), temperature=0.7, **SIZES)
         trainer.train()
     assert _l(guard()) == [] and _decided() == []
-    assert any("raw (temperature 1) log-probs" in r.getMessage() and "0.7" in r.getMessage() for r in caplog.records)
+    assert len(reasons) == 32 and set(reasons) == {
+        "vLLM returns raw (temperature 1) log-probs and the loss computes them at temperature 0.7"
+    }, set(reasons)
 
 
 def test_raw_logprobs_at_low_temperature_would_alarm_without_the_gate(tmp_path, unpatched, guard, monkeypatch):

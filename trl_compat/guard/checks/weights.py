@@ -104,6 +104,7 @@ def engine_built(engine: Any) -> None:
     model = getattr(engine, "model", None)
     engine.weights = Weights()
     if model is None or not hasattr(model, "named_parameters"):
+        LEDGER.warn_once("W-no-model", "checks W1/W2 unavailable: vLLM's model is not in this process")
         return
     candidates: Dict[str, List[Tuple[str, Any]]] = {}
     for name, param in model.named_parameters():
@@ -114,6 +115,8 @@ def engine_built(engine: Any) -> None:
         for name, param in {group[0][0]: group[0][1], group[-1][0]: group[-1][1]}.items():
             engine.weights.watches[name] = Watch(name, param)
             engine.weights.params[name] = param
+    if not engine.weights.watches:
+        LEDGER.warn_once("W-none", "checks W1/W2 unavailable: vLLM's model has no o_proj/down_proj matrix to watch")
 
 
 def vllm_name(sent: str) -> str:
