@@ -117,10 +117,30 @@ def test_sleep_mode_reload_is_caught_by_W2_at_step_1(tmp_path, unpatched, guard)
     print("W2 on-disk:", [(a.step, a.figures["tensor"], a.figures["frac"], a.figures["max_abs_diff"]) for a in w2])
 
 
+def test_sleep_mode_reload_at_an_unchanged_step_is_caught_by_W2(tmp_path, unpatched, guard):
+    """TRL 0.26/0.27: wake + reload, then a sync only at a new step: the second evaluate() at the
+    same step generates from the checkpoint."""
+    _vllm_or_skip(lambda v: (0, 26) <= v < (0, 28), "vllm-sleep-mode-weights")
+    eval_dataset = tiny.prompt_dataset(grpo_run.PER_DEVICE_TRAIN_BATCH_SIZE)
+    with unpatched("vllm-sleep-mode-weights"):
+        trainer = grpo_run.make_trainer(tmp_path, use_vllm=True, steps=3, vllm_enable_sleep_mode=True)
+        trainer.train()
+        assert guard() == []  # every training generation follows a sync
+        trainer.evaluate(eval_dataset=eval_dataset)
+        trainer.evaluate(eval_dataset=eval_dataset)
+    w2 = _checks(guard(), "W2")
+    assert [a.step for a in w2] == [3], [a.line() for a in guard()]
+    assert w2[0].figures["kind"] == "vLLM holds the initial/on-disk weights" and w2[0].figures["frac"] > 0.5, w2[0].figures
+    print("W2 on-disk at an unchanged step:", w2[0].figures)
+
+
 def test_sleep_mode_patched_no_alarm(tmp_path, guard):
-    _vllm_or_skip(lambda v: v >= (0, 28), "vllm-sleep-mode-weights")
+    _vllm_or_skip(lambda v: v >= (0, 26), "vllm-sleep-mode-weights")
     trainer = grpo_run.make_trainer(tmp_path, use_vllm=True, steps=3, vllm_enable_sleep_mode=True)
     trainer.train()
+    eval_dataset = tiny.prompt_dataset(grpo_run.PER_DEVICE_TRAIN_BATCH_SIZE)
+    trainer.evaluate(eval_dataset=eval_dataset)
+    trainer.evaluate(eval_dataset=eval_dataset)
     assert guard() == []
     engine = _engine_state(trainer)
     assert all(w.verified and not w.last.equal(w.checkpoint) for w in engine.weights.watches.values())
