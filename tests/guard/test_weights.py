@@ -129,7 +129,8 @@ def test_sleep_mode_reload_at_an_unchanged_step_is_caught_by_W2(tmp_path, unpatc
         trainer.evaluate(eval_dataset=eval_dataset)
         trainer.evaluate(eval_dataset=eval_dataset)
     w2 = _checks(guard(), "W2")
-    assert [a.step for a in w2] == [3], [a.line() for a in guard()]
+    # every eval generation but the first (the one that follows the step's sync): >= 2 batches in 2 evaluate() calls
+    assert {a.step for a in w2} == {3} and len(w2) >= 2, [a.line() for a in guard()]
     assert w2[0].figures["kind"] == "vLLM holds the initial/on-disk weights" and w2[0].figures["frac"] > 0.5, w2[0].figures
     print("W2 on-disk at an unchanged step:", w2[0].figures)
 
