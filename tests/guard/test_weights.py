@@ -3,11 +3,15 @@ off-policy guard, in real tiny GRPO runs on the vLLM stand-in.
 
 Positive controls, each with the patch that fixes the bug switched off:
 * TRL 0.15.0 + LoRA, ``vllm-merged-weights``: vLLM gets the un-merged base weights -> W1 at step 1;
-* TRL 0.25+ sleep mode, ``vllm-sleep-mode-weights``: vLLM reloads the checkpoint after the sync
-  -> W2 at step 1, "initial/on-disk weights" (and C);
+* TRL 0.28+ sleep mode, ``vllm-sleep-mode-weights``: vLLM reloads the checkpoint after every sync
+  -> W2 at step 1, "initial/on-disk weights" (and C); TRL 0.26/0.27: at an unchanged step (the
+  second evaluate()) -> W2 at that step;
+* TRL 0.18/0.19 under FSDP2 (2 gloo processes, tests/support/guard_fsdp2_worker.py),
+  ``fsdp2-vllm-sync``: no weight sent -> W1 at step 1 on both ranks;
 * any cell: weights overwritten between the sync and generate -> W2 "corrupted", or restored to
-  the sync before -> "one sync behind".
-Negative controls: the same runs with the patches on, 0 alarms, and the check's figures present.
+  the sync before -> "one sync behind"; a vLLM storing every watched matrix transformed -> W2
+  "unavailable", never a mismatch.
+Negative controls: the same runs with the patches on, 0 alarms.
 """
 
 from __future__ import annotations
@@ -221,12 +225,6 @@ def test_vllm_name():
     assert vllm_name("model.norm.weight") == "model.norm.weight"
 
 
-def test_tiny_dataset_available():
-    if not HAVE_TORCH:
-        pytest.skip("needs torch")
-    assert len(tiny.prompt_dataset(4)) == 4
-
-
 # -- W1: FSDP2 sends nothing (TRL 0.18/0.19), 2 real processes -------------------------------------------------
 
 
@@ -271,3 +269,6 @@ def test_fsdp2_patched_sync_no_alarm(tmp_path, monkeypatch):
         assert report["synced_names"] > 0, report
         assert report["alarms"] == [], report["alarms"]
         assert report["stats"]["generations"] == 3, report
+        sent = report["figures"]["weights_sent"]  # W1's count per sync: every parameter, one load_weights call each
+        assert len(sent) == 3 and len(set(sent)) == 1 and sent[0] > 0, report["figures"]
+        assert report["figures"]["weights_mismatch_frac"] == [0.0, 0.0, 0.0], report["figures"]  # W2 verified each generate
