@@ -137,3 +137,37 @@ def test_an_alarm_line_names_check_figures_cause_and_fix():
     assert line.startswith("off-policy check P (prompt ids vLLM generated from == the loss's prompt ids) failed at step 4, rank 1")
     assert "3 of 8 rows differ; likely cause: truncated for the loss only" in line
     assert "fixed by trl_compat's `vllm-prompt-truncation` patch" in line
+
+
+def test_a_reload_that_loaded_nothing_keeps_the_synced_weights():
+    """trl_compat's vllm-sleep-mode-weights makes TRL's reload after a sync a no-op: with the engine's
+    model in reach, only a reload that went through load_weights counts."""
+    before = len(LEDGER.alarms)
+    engine = _engine()
+    engine.model = object()
+    engine_calls.synced(engine, 1)
+    engine_calls.collective_rpc(engine, ("reload_weights",), {}, False)
+    engine_calls.before_generate(engine)
+    assert LEDGER.alarms[before:] == []
+    engine_calls.collective_rpc(engine, ("reload_weights",), {}, True)
+    engine_calls.before_generate(engine)
+    assert [a.check for a in LEDGER.alarms[before:]] == ["C"]
+
+
+def test_alarms_inside_observing_are_never_raised_later():
+    from trl_compat import guard
+
+    previous = guard.mode()
+    guard.enable(strict=True)
+    try:
+        LEDGER.take_unraised()
+        with guard.observing():
+            LEDGER.fire(Alarm("S", "x", "y"))
+        assert LEDGER.take_unraised() == []
+        LEDGER.fire(Alarm("S", "x", "y"))
+        assert [a.check for a in LEDGER.take_unraised()] == ["S"]
+    finally:
+        if previous == "off":
+            guard.disable()
+        else:
+            guard.enable(strict=previous == "strict")

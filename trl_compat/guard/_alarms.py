@@ -76,9 +76,12 @@ class Ledger:
 
     def fire(self, alarm: Alarm) -> None:
         alarm.step, alarm.rank = self.step, rank()
+        from trl_compat.guard import _control
+
         with self.lock:
             self.alarms.append(alarm)
-            self.unraised.append(alarm)
+            if _control.is_strict():  # not inside observing(): those are logged and counted only
+                self.unraised.append(alarm)
             self.add("alarm", 1.0)
             key = (alarm.check, alarm.step)
             if key in self._logged:

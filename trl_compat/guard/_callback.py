@@ -52,6 +52,14 @@ def _any_rank(flag: bool, args: Any) -> bool:
     return bool(value.item())
 
 
+def _raise_if_any_rank_alarmed(args: Any) -> None:
+    with guarded("offpolicy-guard", "deciding check L", fallback="these log-probs are not judged"):
+        logprobs.flush()  # L judges the batches whose log-probs this step's (or evaluation's) loss computed
+    local = LEDGER.take_unraised()
+    if _control.is_strict() and _any_rank(bool(local), args):
+        raise error_for(local, elsewhere=not local)
+
+
 def callback_class() -> type:
     global _class
     if _class is None:
@@ -69,11 +77,12 @@ def callback_class() -> type:
                     return
                 if LEDGER.generations:
                     LEDGER.steps_guarded += 1
-                with guarded("offpolicy-guard", "deciding check L", fallback="this step's log-probs are not judged"):
-                    logprobs.flush()  # L judges the batches whose log-probs this step's loss computed
-                local = LEDGER.take_unraised()
-                if _control.is_strict() and _any_rank(bool(local), args):
-                    raise error_for(local, elsewhere=not local)
+                _raise_if_any_rank_alarmed(args)
+
+            def on_evaluate(self, args, state, control, **kwargs):
+                # evaluation generates too, and has no step end: every rank ends it here
+                if _guarded_args(args) and _control.active():
+                    _raise_if_any_rank_alarmed(args)
 
             def on_log(self, args, state, control, logs=None, **kwargs):
                 if logs is None or "loss" not in logs or not _guarded_args(args) or not _control.active() or not LEDGER.generations:

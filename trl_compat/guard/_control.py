@@ -132,10 +132,3 @@ class observing:
         global _observing
         with _lock:
             _observing -= 1
-            last = _observing == 0
-        if last:
-            # what fired while observing after the run's last optimizer step (evaluate(), a last
-            # generate) must not be raised at the next run's first step
-            from trl_compat.guard._alarms import LEDGER
-
-            LEDGER.take_unraised()

@@ -45,7 +45,10 @@ class Engine:
         self.synced_while_asleep = False
         self.prefix_dirty = False
         self.generates = 0
-        self.syncs = 0  # load_weights calls
+        self.syncs = 0  # load_weights calls of the trainer's weight syncs
+        self.inside: list = []  # the engine calls in progress (a load_weights inside one is vLLM's own)
+        self.own_loads = 0  # load_weights calls vLLM made itself (reload_weights reads the checkpoint through it)
+        self.trainer: Optional["weakref.ref[Any]"] = None  # the trainer that syncs into this engine
         self.last_sync_step = -1
         self.logprobs_mode = _logprobs_mode(llm) if llm is not None else None
 
@@ -131,9 +134,15 @@ def instrument(llm: Any, prefix_caching: Optional[bool]) -> Optional[Engine]:
 
 def _event_hook(engine: Engine, name: str, event: Callable[..., None], call: Callable[..., Any]) -> Callable[..., Any]:
     def hook(*args: Any, **kwargs: Any) -> Any:
-        result = call(*args, **kwargs)
+        loads = engine.own_loads
+        engine.inside.append(name)
+        try:
+            result = call(*args, **kwargs)
+        finally:
+            engine.inside.pop()
         with guarded(GUARD_ID, f"recording vLLM's {name}", fallback="the call is not checked", logger=log):
-            event(engine, args, kwargs)
+            # whether vLLM really loaded weights during the call: a patch may have made it a no-op
+            event(engine, args, kwargs, engine.own_loads > loads)
         return result
 
     return hook
@@ -141,15 +150,29 @@ def _event_hook(engine: Engine, name: str, event: Callable[..., None], call: Cal
 
 def _sync_hook(engine: Engine, call: Callable[..., Any]) -> Callable[..., Any]:
     def load_weights(*args: Any, **kwargs: Any) -> Any:
+        if engine.inside:  # vLLM loading its own checkpoint (reload_weights), not a sync of the trainer's
+            engine.own_loads += 1
+            return call(*args, **kwargs)
         with guarded(GUARD_ID, "recording a weight sync", fallback="the sync is not audited", logger=log):
             args, kwargs = weights.audit_sync(engine, args, kwargs)
         result = call(*args, **kwargs)
         with guarded(GUARD_ID, "recording a weight sync", fallback="the sync is not checked", logger=log):
-            engine_calls.synced(engine, _trainers.global_step(_trainers.last_trainer()))
+            engine_calls.synced(engine, _trainers.global_step(_sync_trainer(engine)))
             weights.after_sync(engine)
         return result
 
     return load_weights
+
+
+def _sync_trainer(engine: Engine) -> Any:
+    """The trainer syncing: found on the stack once per engine (TRL 0.18+ calls load_weights once
+    per parameter), then remembered. The last trainer seen may be another run's (a test session)."""
+    trainer = engine.trainer() if engine.trainer is not None else None
+    if trainer is None:
+        trainer = _trainers.calling_trainer()
+        if trainer is not None:
+            engine.trainer = weakref.ref(trainer)
+    return trainer
 
 
 def _generate_hook(engine: Engine, name: str, call: Callable[..., Any]) -> Callable[..., Any]:
@@ -159,6 +182,7 @@ def _generate_hook(engine: Engine, name: str, call: Callable[..., Any]) -> Calla
             trainer = _trainers.calling_trainer()
             if trainer is not None:
                 _trainers.adopt(trainer)
+                engine.trainer = weakref.ref(trainer)
                 LEDGER.step = _trainers.global_step(trainer)
             engine_calls.before_generate(engine)
             weights.before_generate(engine)

@@ -34,12 +34,12 @@ def synced(engine: Any, step: int) -> None:
         engine.prefix_dirty = True
 
 
-def reset_prefix_cache(engine: Any, args: tuple, kwargs: dict) -> None:
+def reset_prefix_cache(engine: Any, args: tuple, kwargs: dict, loaded: bool = False) -> None:
     # vLLM may answer False (requests still hold blocks) or None (0.9 V1): the call was made
     engine.prefix_dirty = False
 
 
-def sleep(engine: Any, args: tuple, kwargs: dict) -> None:
+def sleep(engine: Any, args: tuple, kwargs: dict, loaded: bool = False) -> None:
     level = kwargs.get("level", args[0] if args else 1)
     engine.asleep = int(level)
     engine.synced_while_asleep = False
@@ -47,7 +47,7 @@ def sleep(engine: Any, args: tuple, kwargs: dict) -> None:
         engine.state = "discarded"
 
 
-def wake_up(engine: Any, args: tuple, kwargs: dict) -> None:
+def wake_up(engine: Any, args: tuple, kwargs: dict, loaded: bool = False) -> None:
     tags = kwargs.get("tags", args[0] if args else None)
     if tags is not None and "weights" not in tags:
         return
@@ -57,13 +57,13 @@ def wake_up(engine: Any, args: tuple, kwargs: dict) -> None:
     engine.synced_while_asleep = False
 
 
-def collective_rpc(engine: Any, args: tuple, kwargs: dict) -> None:
+def collective_rpc(engine: Any, args: tuple, kwargs: dict, loaded: bool = False) -> None:
+    """``loaded``: vLLM called its model's ``load_weights`` during the call. A reload that loaded
+    nothing was made a no-op (trl_compat's ``vllm-sleep-mode-weights`` does so after a sync); where
+    the model is out of reach (another process), the call is taken at its word."""
     method = kwargs.get("method", args[0] if args else None)
     name = method if isinstance(method, str) else getattr(method, "__name__", None)
-    if name == RELOAD:
-        loaded, engine.reload_loaded = getattr(engine, "reload_loaded", False), False
-        if engine.model is not None and not loaded:
-            return  # the engine's model loaded nothing: a reload made a no-op (trl_compat's vllm-sleep-mode-weights)
+    if name == RELOAD and (loaded or engine.model is None):
         engine.state = "disk"
 
 

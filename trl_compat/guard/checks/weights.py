@@ -30,17 +30,15 @@ weights", "one sync behind", or corrupted.
 
 A rule that cannot be decided (a tensor sharded as a DTensor or gathered elsewhere, LoRA on a
 ``fan_in_fan_out`` layer, no trainer found) says nothing. vLLM's own ``reload_weights`` (a
-``collective_rpc``) also goes through ``load_weights``: it is no sync, and is recognised by its
-frame on the stack.
+``collective_rpc``) also goes through ``load_weights``: it is no sync, and the core does not pass
+it here (a ``load_weights`` inside an engine call).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import sys
 import zlib
-from types import FrameType
 from typing import Any, Dict, List, Optional, Tuple
 
 from trl_compat._engine import guarded
@@ -57,7 +55,6 @@ CORRUPT = 0.01  # (ii): more than this fraction off the merge
 ULPS = 4.0
 _PREFIXES = ("base_model.model.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.", "module.")
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
-_RELOADS = ("reload_weights",)
 
 
 class Watch:
@@ -130,22 +127,15 @@ def vllm_name(sent: str) -> str:
     return sent.replace(".base_layer.", ".")
 
 
-def _reloading() -> bool:
-    frame: Optional[FrameType] = sys._getframe(2)
-    for _ in range(24):
-        if frame is None:
-            return False
-        if frame.f_code.co_name in _RELOADS:
-            return True
-        frame = frame.f_back
-    return False
-
-
 # -- the trainer's side --------------------------------------------------------------------------------
 
 
-def _trainer() -> Any:
-    return _trainers.calling_trainer() or _trainers.last_trainer()
+def _trainer(engine: Any) -> Any:
+    """The trainer syncing into ``engine``: the one that generated with it last (the core keeps it),
+    else the one on the stack."""
+    ref = getattr(engine, "trainer", None)
+    trainer = ref() if ref is not None else None
+    return trainer if trainer is not None else _trainers.calling_trainer()
 
 
 def _module_of(trainer: Any, name: str) -> Any:
@@ -214,12 +204,9 @@ def audit_sync(engine: Any, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
     """Called with ``load_weights``' arguments before vLLM sees them; returns them, the iterable
     wrapped so that each (name, tensor) is recorded as vLLM takes it."""
     state: Optional[Weights] = getattr(engine, "weights", None)
-    if _reloading():
-        engine.reload_loaded = True  # for check C: this reload did load weights
-        return args, kwargs
     if state is None:
         return args, kwargs
-    trainer = _trainer()
+    trainer = _trainer(engine)
     step = _trainers.global_step(trainer)
     if state.open is not None and state.open["step"] != step:
         _close(engine, state)
@@ -297,7 +284,7 @@ def after_sync(engine: Any) -> None:
     """After vLLM loaded one ``load_weights`` call: the sent elements become the last sync's, and
     each matrix sent for the first time is calibrated (vLLM holds exactly what was sent)."""
     state: Optional[Weights] = getattr(engine, "weights", None)
-    if state is None or state.open is None or _reloading():
+    if state is None or state.open is None:
         return
     state.synced_since_generate = True
     for name, watch in state.watches.items():
@@ -384,7 +371,7 @@ def before_generate(engine: Any) -> None:
     state: Optional[Weights] = getattr(engine, "weights", None)
     if state is None or not state.watches:
         return
-    trainer = _trainers.last_trainer()
+    trainer = _trainer(engine)
     step = _trainers.global_step(trainer)
     if state.open is not None:
         _close(engine, state)
