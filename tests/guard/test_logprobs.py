@@ -213,3 +213,32 @@ def test_statistic_and_firing_rules(monkeypatch):
     batch(7, 1.0, length=16)  # 8 x 16 = 128 tokens: too few
     assert len(fired) == 2 and len(logprobs.decided()) == 5
     logprobs.reset()
+
+
+@pytest.mark.parametrize(
+    "version, mode, vllm_t, loss_t, sampling, compared",
+    [
+        ((0, 10, 2), "processed_logprobs", 0.7, 0.7, {}, True),
+        ((0, 10, 2), "processed_logprobs", 0.7, 1.0, {}, False),  # S's alarm; L does not compare
+        ((0, 10, 1, 1), "processed_logprobs", 0.7, 0.7, {}, False),  # taken before the temperature
+        ((0, 10, 1, 1), "processed_logprobs", 1.0, 1.0, {}, True),
+        ((0, 10, 2), "raw_logprobs", 0.7, 0.7, {}, False),
+        ((0, 10, 2), "raw_logprobs", 0.7, 1.0, {}, True),  # raw values are the T=1 policy's
+        ((0, 10, 2), "processed_logprobs", 1.0, 1.0, {"top_p": 0.9}, False),
+        ((0, 10, 2), "raw_logprobs", 1.0, 1.0, {"penalties": ("repetition_penalty=1.1",)}, False),
+        ((0, 10, 2), "processed_logprobs", 0.0, 1.0, {}, False),  # greedy
+        ((0, 10, 2), None, 1.0, 1.0, {}, False),  # unknown domain (a server)
+    ],
+)
+def test_the_gate(monkeypatch, version, mode, vllm_t, loss_t, sampling, compared):
+    from types import SimpleNamespace
+
+    from trl_compat._helpers import vllm_logprobs
+    from trl_compat.guard._records import Sampled, Sampling
+    from trl_compat.guard.checks import logprobs
+
+    monkeypatch.setattr(vllm_logprobs, "vllm_version", lambda: version)
+    engine = SimpleNamespace(logprobs_mode=mode) if mode else None
+    sampled = Sampled(1, 0, None, None, (1, 2), (-1.0, -1.0), Sampling(temperature=vllm_t, **sampling), engine=engine)
+    reason = logprobs.unavailable(sampled, loss_t, SimpleNamespace(model=None))
+    assert (reason is None) == compared, reason

@@ -15,7 +15,8 @@ only with at least ``MIN_COMPLETIONS`` completions and ``MIN_TOKENS`` tokens (fe
 
 The comparability gate (§3.3), per completion: vLLM's log-probs are raw (V1; ``logprobs_mode``
 ``raw_logprobs``) or processed (V0, or ``processed_logprobs``). Raw ones compare with the loss's
-only at loss temperature 1; processed ones at the temperature vLLM sampled with. Top-k/top-p/min-p,
+only at loss temperature 1, and so do vLLM 0.10.0 / 0.10.1's processed ones (taken before the
+temperature); other processed ones at the temperature vLLM sampled with. Top-k/top-p/min-p,
 penalties and guided decoding make the sampling distribution differ from the loss's on purpose:
 not compared. What is not compared is "unavailable" with its reason, logged once.
 
@@ -30,6 +31,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from trl_compat._helpers import vllm_logprobs
 from trl_compat.guard import _trainers
 from trl_compat.guard._alarms import LEDGER, Alarm
 
@@ -144,6 +146,12 @@ def unavailable(sampled: Any, loss_t: float, trainer: Any) -> Optional[str]:
     if kind == "raw":
         if abs(loss_t - 1.0) > TEMPERATURE_TOLERANCE:
             return f"vLLM returns raw (temperature 1) log-probs and the loss computes them at temperature {loss_t:g}"
+    elif kind == "processed" and _processed_without_temperature():
+        if abs(loss_t - 1.0) > TEMPERATURE_TOLERANCE:
+            return (
+                f"vLLM {'.'.join(map(str, vllm_logprobs.vllm_version() or ()))}'s processed log-probs are taken before "
+                f"the temperature and the loss computes them at temperature {loss_t:g}"
+            )
     elif kind == "processed":
         if used is None or used < 1e-5:
             return "greedy decoding: vLLM's processed log-probs are not the loss's"
@@ -154,6 +162,13 @@ def unavailable(sampled: Any, loss_t: float, trainer: Any) -> Optional[str]:
     if _dropout(trainer):
         return "the policy has active dropout: its log-probs are noisy"
     return None
+
+
+def _processed_without_temperature() -> bool:
+    """vLLM 0.10.0 / 0.10.1.x (V1) take "processed" log-probs after the penalties but before the
+    temperature and top-k/top-p (``_helpers.vllm_logprobs``); 0.10.2's include the temperature."""
+    version = vllm_logprobs.vllm_version()
+    return version is not None and vllm_logprobs.FIELD_SINCE <= version < vllm_logprobs.TEMPERATURE_SURE_SINCE
 
 
 def _dropout(trainer: Any) -> bool:
