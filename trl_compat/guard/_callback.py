@@ -14,8 +14,10 @@ import statistics
 import sys
 from typing import Any, Dict, List
 
+from trl_compat._engine import guarded
 from trl_compat.guard import _control
 from trl_compat.guard._alarms import LEDGER, error_for
+from trl_compat.guard.checks import logprobs
 
 PREFIX = "offpolicy/"
 # figures summed over the logging window; the rest are averaged
@@ -51,6 +53,8 @@ def _any_rank(flag: bool, args: Any) -> bool:
 
 
 def _raise_if_any_rank_alarmed(args: Any) -> None:
+    with guarded("offpolicy-guard", "deciding check L", fallback="these log-probs are not judged"):
+        logprobs.flush()  # L judges the batches whose log-probs this step's (or evaluation's) loss computed
     local = LEDGER.take_unraised()
     if _control.is_strict() and _any_rank(bool(local), args):
         raise error_for(local, elsewhere=not local)

@@ -158,6 +158,7 @@ def _sync_hook(engine: Engine, call: Callable[..., Any]) -> Callable[..., Any]:
         result = call(*args, **kwargs)
         with guarded(GUARD_ID, "recording a weight sync", fallback="the sync is not checked", logger=log):
             engine_calls.synced(engine, _trainers.global_step(_sync_trainer(engine)))
+            weights.after_sync(engine)
         return result
 
     return load_weights
