@@ -14,6 +14,7 @@ import functools
 import inspect
 import logging
 import sys
+from types import FrameType
 from typing import Any, List, Optional, Tuple
 
 from trl_compat._engine import guarded
@@ -94,7 +95,7 @@ def _nested_hook(trainer: Any, caller: Any) -> None:
 
 
 def _frame_of(raw: Any) -> Any:
-    frame = sys._getframe(1)
+    frame: Optional[FrameType] = sys._getframe(1)
     for _ in range(64):
         if frame is None:
             return None

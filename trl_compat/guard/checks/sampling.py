@@ -9,7 +9,7 @@ reported once as a warning, not an alarm: generation is then deliberately not th
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, Dict, List
 
 from trl_compat.guard._alarms import LEDGER, Alarm
 
@@ -31,7 +31,7 @@ def loss_temperature(trainer: Any, caller: Any) -> float:
 
 
 def check(trainer: Any, caller: Any, sampled: List[Any]) -> None:
-    calls = {}
+    calls: Dict[int, Any] = {}
     for s in sampled:
         if s.call not in _checked_calls:
             calls.setdefault(s.call, s)
