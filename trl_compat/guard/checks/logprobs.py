@@ -27,6 +27,7 @@ sampling is unchanged).
 
 from __future__ import annotations
 
+import functools
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -164,9 +165,11 @@ def unavailable(sampled: Any, loss_t: float, trainer: Any) -> Optional[str]:
     return None
 
 
+@functools.lru_cache(maxsize=1)
 def _processed_without_temperature() -> bool:
     """vLLM 0.10.0 / 0.10.1.x (V1) take "processed" log-probs after the penalties but before the
-    temperature and top-k/top-p (``_helpers.vllm_logprobs``); 0.10.2's include the temperature."""
+    temperature and top-k/top-p (``_helpers.vllm_logprobs``); 0.10.2's include the temperature.
+    Read once: the installed vLLM does not change during a run (its metadata costs a file read)."""
     version = vllm_logprobs.vllm_version()
     return version is not None and vllm_logprobs.FIELD_SINCE <= version < vllm_logprobs.TEMPERATURE_SURE_SINCE
 
