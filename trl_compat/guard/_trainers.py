@@ -51,6 +51,12 @@ def adopt(trainer: Any) -> None:
         return
     _seen.add(trainer)
     from trl_compat.guard import _loss
+    from trl_compat.guard._records import PENDING
+
+    # a new run: the completions kept of an earlier trainer's are not its loss's; left in, the same
+    # completion ids of a new prompt (a tiny or greedy model repeats itself) made its rows
+    # ambiguous, never checked
+    PENDING.clear()
 
     _loss.attach(trainer)
 
