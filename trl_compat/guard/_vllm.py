@@ -120,9 +120,9 @@ def instrument(llm: Any, prefix_caching: Optional[bool]) -> Optional[Engine]:
         ("reset_prefix_cache", engine_calls.reset_prefix_cache),
         ("sleep", engine_calls.sleep),
         ("wake_up", engine_calls.wake_up),
-        ("collective_rpc", engine_calls.collective_rpc),
     ):
         _instances.wrap_method(llm, name, functools.partial(_event_hook, engine, name, event))
+    _instances.wrap_method(llm, "collective_rpc", functools.partial(_rpc_hook, engine))
     if engine.model is not None:
         _instances.wrap_method(engine.model, "load_weights", functools.partial(_sync_hook, engine))
     weights.engine_built(engine)
@@ -137,6 +137,34 @@ def _event_hook(engine: Engine, name: str, event: Callable[..., None], call: Cal
         return result
 
     return hook
+
+
+def _reload_kept_out(llm: Any) -> bool:
+    """Whether trl_compat's ``vllm-sleep-mode-weights`` patch will answer the next
+    ``collective_rpc("reload_weights")`` on ``llm`` itself, without reaching vLLM (the weights hold a
+    sync since the last level-2 sleep): the patch wraps vLLM's class, which the guard's instance
+    wrapper calls, so the guard sees the call but vLLM never reloads."""
+    import sys
+
+    patch = sys.modules.get("trl_compat.patches.vllm_sleep_mode_weights")
+    states = getattr(patch, "_STATES", None)
+    state = states.get(llm) if states is not None else None
+    return bool(getattr(state, "loaded", False))
+
+
+def _rpc_hook(engine: Engine, call: Callable[..., Any]) -> Callable[..., Any]:
+    def collective_rpc(*args: Any, **kwargs: Any) -> Any:
+        kept_out = False
+        with guarded(GUARD_ID, "recording vLLM's collective_rpc", fallback="the call is not checked", logger=log):
+            llm = engine.llm() if engine.llm is not None else None
+            kept_out = llm is not None and _reload_kept_out(llm)
+        result = call(*args, **kwargs)
+        with guarded(GUARD_ID, "recording vLLM's collective_rpc", fallback="the call is not checked", logger=log):
+            if not kept_out:
+                engine_calls.collective_rpc(engine, args, kwargs)
+        return result
+
+    return collective_rpc
 
 
 def _sync_hook(engine: Engine, call: Callable[..., Any]) -> Callable[..., Any]:
