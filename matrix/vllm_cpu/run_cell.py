@@ -21,7 +21,12 @@ import sys
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 ENGINE_TESTS = ["tests/vllm_real/test_vllm_real.py", "tests/vllm_real/test_vllm_standin_vs_real.py"]
-TRL_TESTS = ["tests/patches/test_statuses.py", "tests/vllm_real/test_vllm_real_grpo.py", "tests/vllm_real/test_vllm_prompts_real.py"]
+TRL_TESTS = [
+    "tests/patches/test_statuses.py",
+    "tests/vllm_real/test_vllm_real_grpo.py",
+    "tests/vllm_real/test_vllm_prompts_real.py",
+    "tests/vllm_real/test_guard_real.py",
+]
 
 
 def releases() -> list[str]:

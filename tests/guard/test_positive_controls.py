@@ -77,7 +77,9 @@ def _chat_dataset(words_per_prompt=3):
     from datasets import Dataset
 
     words = tiny.llama3_vocab_words()[3:]
-    prompts = [[{"role": "user", "content": " ".join(words[(i * 31 + j * 7) % 400] for j in range(words_per_prompt))}] for i in range(4)]
+    prompts = [
+        [{"role": "user", "content": " ".join(words[(i * 31 + j * 7) % 400] for j in range(words_per_prompt))}] for i in range(4)
+    ]
     return Dataset.from_dict({"prompt": prompts})
 
 
