@@ -59,7 +59,7 @@ class FakeResponse:
 
 
 class FakeServer:
-    """``trl vllm-serve``'s /generate/ as a client sees it: the text tokenised with special tokens
+    """``trl vllm-serve``'s /generate/ (and /chat/) as a client sees it: the text tokenised with special tokens
     (vLLM's way; ``truncate_prompt_tokens`` keeps the last ids), ``n`` completions per prompt whose
     ids depend on the prompt (none is EOS or pad), and their log-probs."""
 
@@ -69,11 +69,15 @@ class FakeServer:
 
     def post(self, url, json=None, **kwargs):
         self.requests.append((url, json))
-        if not url.endswith("/generate/"):
+        if url.endswith("/chat/"):  # TRL 0.26+: conversations; the server applies the chat template
+            texts = [" ".join(m["content"] for m in conversation) for conversation in json["messages"]]
+        elif url.endswith("/generate/"):
+            texts = json["prompts"]
+        else:
             return FakeResponse({})
         n, max_tokens, truncate = json["n"], json["max_tokens"], json.get("truncate_prompt_tokens")
         prompt_ids, completion_ids = [], []
-        for text in json["prompts"]:
+        for text in texts:
             ids = self.tokenizer(text)["input_ids"]
             prompt_ids.append(ids[-truncate:] if truncate else ids)
             seed = zlib.crc32(text.encode())
@@ -111,10 +115,12 @@ def _long_text_dataset():
     return Dataset.from_dict({"prompt": [" ".join(words[(i * 31 + j * 7) % 400] for j in range(20)) for i in range(4)]})
 
 
-def _server_trainer(tmp_path, steps=3, dataset=None, **overrides):
+def _server_trainer(tmp_path, steps=3, dataset=None, chat_template=None, **overrides):
     from trl import GRPOTrainer
 
     tokenizer = tiny.make_tokenizer()
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
     args, _ = grpo_run.make_config(
         tmp_path / "out",
         steps=steps,
@@ -203,3 +209,29 @@ def test_server_mode_missing_prefix_cache_reset_is_caught_by_C_at_step_1(tmp_pat
     assert [a.step for a in alarms] == [1, 2]
     assert alarms[0].figures == {"last_sync_step": 1} and "prefix cache was not reset" in alarms[0].what
     assert ("reset", None) not in server_mode
+
+
+def test_server_mode_chat_clean_run_no_alarm(tmp_path, server_mode, guard):
+    """TRL 0.26+ sends conversations through ``VLLMClient.chat``: guarded too (C, S, and P on the
+    prompt ids the server returns, which TRL trains on)."""
+    _server_cell()
+    if grpo_run.trl_version()[:2] < (0, 26):
+        pytest.skip("TRL < 0.26 sends conversations as text through generate")
+    from datasets import Dataset
+
+    texts = tiny.prompt_dataset(8)["prompt"]
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": text}]} for text in texts])
+    trainer, client = _server_trainer(
+        tmp_path, steps=2, dataset=dataset, chat_template="{% for message in messages %}{{ message['content'] }} {% endfor %}"
+    )
+    generation = getattr(trainer, "vllm_generation", None)
+    if generation is not None and generation.tools == []:
+        # TRL 0.28.x hands tools=[] to VLLMClient.chat, which raises NotImplementedError on any tools that is
+        # not None until 0.29.0 (`if tools:`): tools-empty-list-server's bug, outside its 0.26 window
+        generation.tools = None
+    trainer.train()
+    assert guard() == []
+    assert [url for url, _ in client.session.requests if url.endswith("/chat/")], client.session.requests
+    history = [h for h in trainer.state.log_history if "loss" in h]
+    assert [h["offpolicy/rows_checked"] for h in history] == [float(grpo_run.PER_DEVICE_TRAIN_BATCH_SIZE)] * 2
+    assert all(h["offpolicy/alarm"] == 0.0 for h in history)
