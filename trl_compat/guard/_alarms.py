@@ -82,7 +82,8 @@ class Ledger:
         alarm.observed = _control.observing_now()
         with self.lock:
             self.alarms.append(alarm)
-            self.unraised.append(alarm)
+            if not alarm.observed:  # an alarm of an observing() block is never raised, not even after it
+                self.unraised.append(alarm)
             self.add("alarm", 1.0)
             key = (alarm.check, alarm.step)
             if key in self._logged:

@@ -63,6 +63,8 @@ def callback_class() -> type:
                     # figures no training log took (an earlier run's evaluate() after its last step)
                     # are not this run's: they made its first offpolicy/* values wrong
                     LEDGER.take_figures()
+                    # alarms no step end raised (fired outside any training step): logged, not this run's
+                    LEDGER.take_unraised()
 
             def on_step_begin(self, args, state, control, **kwargs):
                 if _guarded_args(args):
@@ -73,6 +75,15 @@ def callback_class() -> type:
                     return
                 if LEDGER.generations:
                     LEDGER.steps_guarded += 1
+                self._raise_if_strict(args)
+
+            def on_evaluate(self, args, state, control, **kwargs):
+                # evaluate() generates too (at an unchanged step: TRL #5312's 0.26 case); every rank evaluates
+                if _guarded_args(args) and _control.active():
+                    self._raise_if_strict(args)
+
+            @staticmethod
+            def _raise_if_strict(args):
                 local = LEDGER.take_unraised()
                 if _control.is_strict() and _any_rank(bool(local), args):
                     raise error_for(local, elsewhere=not local)

@@ -76,7 +76,7 @@ def _sync_hook(engine: Any, call: Callable[..., Any]) -> Callable[..., Any]:
     def update_named_param(*args: Any, **kwargs: Any) -> Any:
         result = call(*args, **kwargs)
         with guarded(GUARD_ID, "recording a weight sync to the server", fallback="the sync is not checked", logger=log):
-            engine_calls.synced(engine, _trainers.global_step(_trainers.last_trainer()))
+            engine_calls.synced(engine, _trainers.sync_step())
         return result
 
     return update_named_param

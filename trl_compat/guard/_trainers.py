@@ -61,6 +61,19 @@ def adopt(trainer: Any) -> None:
     _loss.attach(trainer)
 
 
+def sync_step() -> int:
+    """The optimizer step a weight sync happens at: the global step of the GRPO trainer whose code
+    makes it (TRL syncs from its own methods, or from ``VLLMGeneration.sync_weights`` called by
+    them), which is then adopted; 0 (the checkpoint's weights, nothing to check) for a sync no
+    trainer makes. Not the last trainer seen: an earlier run's step made a new engine's first sync
+    look like one after an optimizer step (C alarms on a run's step 0, or on a bare engine)."""
+    trainer = calling_trainer()
+    if trainer is None:
+        return 0
+    adopt(trainer)
+    return global_step(trainer)
+
+
 def global_step(trainer: Optional[Any]) -> int:
     state = getattr(trainer, "state", None)
     step = getattr(state, "global_step", None)

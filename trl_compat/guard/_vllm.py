@@ -173,7 +173,7 @@ def _sync_hook(engine: Engine, call: Callable[..., Any]) -> Callable[..., Any]:
             args, kwargs = weights.audit_sync(engine, args, kwargs)
         result = call(*args, **kwargs)
         with guarded(GUARD_ID, "recording a weight sync", fallback="the sync is not checked", logger=log):
-            engine_calls.synced(engine, _trainers.global_step(_trainers.last_trainer()))
+            engine_calls.synced(engine, _trainers.sync_step())
         return result
 
     return load_weights
