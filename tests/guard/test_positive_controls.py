@@ -1,5 +1,16 @@
 """Positive controls of the off-policy guard: each known silent bug, with its patch switched off, is
-caught by its named check in a real tiny GRPO run on the vLLM stand-in; with the patch on, no alarm."""
+caught by its named check in a real tiny GRPO run on the vLLM stand-in; with the patch on, no alarm.
+
+| bug (patch)                                   | check | step   | cells (tests/support/expected_status.py) |
+|-----------------------------------------------|-------|--------|------------------------------------------|
+| 0.15 prefix cache (vllm-prefix-cache)         | C     | 1      | 0.15.x                                   |
+| prompt truncation (vllm-prompt-truncation)    | P     | 0      | 0.14.0-tf4.46.3, 0.15.x, 0.18.2          |
+| double BOS (vllm-double-bos)                  | P     | 0      | 0.14 - 0.23.1 (Llama-3-style tokenizer)  |
+| stripped special tokens (vllm-prompt-special-tokens) | P | 0   | 0.19.0                                   |
+| temperature (logps-temperature, opt-in, off)  | S     | 0      | 0.14 / 0.15 (temperature=0.9)            |
+| sleep-mode reload (vllm-sleep-mode-weights)   | C     | 1 (0.28+); the second evaluate (0.26 - 0.27) | 0.26 - 0.29 |
+
+Server mode: tests/guard/test_server_mode.py; a real vLLM: tests/vllm_real/test_guard_real.py."""
 
 from __future__ import annotations
 
