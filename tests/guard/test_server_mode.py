@@ -94,6 +94,7 @@ class FakeServer:
 @pytest.fixture
 def server_mode(monkeypatch):
     """TRL's real VLLMClient without a server: no health check, no NCCL group; syncs recorded."""
+    _server_cell()  # before the client module is imported: TRL < 0.16 has none
     import torch
 
     module = "trl.generation.vllm_client" if grpo_run.trl_version()[:2] >= (0, 28) else "trl.extras.vllm_client"
