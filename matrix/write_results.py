@@ -40,6 +40,16 @@ def outcomes(xml_path):
     return per_module
 
 
+def guard_rows(results_dir, tested):
+    """[(env, the guard's counts)] from ``guard/<env>.json`` (tests/conftest.py), for the envs that wrote one."""
+    rows = []
+    for env in tested:
+        path = results_dir / "guard" / f"{env}.json"
+        if path.exists():
+            rows.append((env, json.loads(path.read_text())))
+    return rows
+
+
 def main(results_dir, output):
     results_dir = pathlib.Path(results_dir)
     cells = sorted(p.stem for p in results_dir.glob("*.json") if not p.stem.startswith(BY_HAND))
@@ -99,6 +109,29 @@ def main(results_dir, output):
             total.update(c)
             row.append(f"{c['passed']} / {c['failed']} / {c['skipped']}" if c else "-")
         lines.append(f"| {cell} | " + " | ".join(row) + " |")
+
+    guard = guard_rows(results_dir, tested)
+    if guard:
+        lines += [
+            "",
+            "## Off-policy guard (TRL_COMPAT_GUARD=strict in every cell)",
+            "",
+            "The negative control: every GRPO run with vLLM in the cell's pytest process is guarded, and an alarm",
+            "outside `guard.observing()` stops the test (strict). Alarms inside `observing()` are the positive controls",
+            "and the bug reproductions of the patch tests. Runs in subprocesses are guarded but not counted.",
+            "",
+            "| cell | steps guarded | vLLM generations | rows checked | alarms (expected / unexpected) |",
+            "|---|---|---|---|---|",
+        ]
+        for cell, stats in guard:
+            unexpected = stats.get("alarms_unobserved", 0)
+            lines.append(
+                f"| {cell} | {stats.get('steps_guarded', 0)} | {stats.get('generations', 0)} | {stats.get('rows_checked', 0)} | "
+                f"{stats.get('alarms', 0) - unexpected} / {unexpected} |"
+            )
+        total_steps = sum(s.get("steps_guarded", 0) for _, s in guard)
+        total_unexpected = sum(s.get("alarms_unobserved", 0) for _, s in guard)
+        lines += ["", f"Guarded: {total_steps} optimizer steps in {len(guard)} envs, {total_unexpected} unexpected alarms."]
 
     if missing:
         lines += ["", "No report from " + ", ".join(missing) + " (its venv did not install, or it was not run)."]

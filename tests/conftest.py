@@ -153,3 +153,34 @@ def pytest_make_collect_report(collector):
         why = report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
         report.longrepr = NOT_RUN_ELSEWHERE.format(what=collector.nodeid, why=why)
+
+
+# The off-policy guard's counts for this session (TRL_COMPAT_GUARD=strict in every matrix cell, tox.ini):
+# written beside the junit XML, as guard/<cell>.json (not <cell>.json: that name is the cell's report),
+# for matrix/write_results.py. Runs in this process only: GRPO runs in subprocesses (2-process launches)
+# are guarded too but not counted here.
+GUARD_STATS_DIR = "guard"
+
+
+def guard_stats_path(config):
+    import pathlib
+
+    xml = getattr(config.option, "xmlpath", None)
+    if not xml:
+        return None
+    xml = pathlib.Path(xml)
+    return xml.parent / GUARD_STATS_DIR / (xml.stem + ".json")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import json
+    import sys
+
+    path = guard_stats_path(session.config)
+    guard = sys.modules.get("trl_compat.guard")
+    if path is None or guard is None:
+        return
+    stats = dict(guard.stats(), mode=guard.mode())
+    stats["unexpected"] = [a.line() for a in guard.alarms() if not a.observed][:20]  # strict mode raised these
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(stats, indent=1) + "\n")

@@ -30,6 +30,7 @@ TRL_TESTS = [
     "tests/vllm_real/test_vllm_real_grpo.py",
     "tests/vllm_real/test_vllm_prompts_real.py",
     "tests/vllm_real/test_vllm_serve_real.py",  # skips but for TRL 0.16.1 / 0.17.0 / 0.18.2
+    "tests/vllm_real/test_guard_real.py",
 ]
 
 

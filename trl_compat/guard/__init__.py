@@ -30,10 +30,12 @@ def alarms() -> list:
 
 def stats() -> Dict[str, int]:
     """This process's counts: optimizer steps guarded (ended with vLLM generations behind them),
-    vLLM generate calls, loss rows checked against vLLM's completions, alarms."""
+    vLLM generate calls, loss rows checked against vLLM's completions, alarms (all; and those fired
+    outside ``observing()``, which strict mode raises)."""
     return {
         "steps_guarded": LEDGER.steps_guarded,
         "generations": LEDGER.generations,
         "rows_checked": LEDGER.rows_checked,
         "alarms": len(LEDGER.alarms),
+        "alarms_unobserved": sum(1 for a in LEDGER.alarms if not a.observed),
     }

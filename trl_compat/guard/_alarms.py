@@ -42,6 +42,7 @@ class Alarm:
     figures: Dict[str, object] = field(default_factory=dict)
     step: int = 0
     rank: int = 0
+    observed: bool = False  # fired inside guard.observing() (a bug reproduced on purpose): never raised
 
     def line(self) -> str:
         text = f"off-policy check {self.check} ({CHECKS[self.check]}) failed at step {self.step}, rank {self.rank}: {self.what}"
@@ -75,12 +76,13 @@ class Ledger:
         self.rows_checked = 0  # completions matched to a loss row and compared
 
     def fire(self, alarm: Alarm) -> None:
-        alarm.step, alarm.rank = self.step, rank()
         from trl_compat.guard import _control
 
+        alarm.step, alarm.rank = self.step, rank()
+        alarm.observed = _control.observing_now()
         with self.lock:
             self.alarms.append(alarm)
-            if _control.is_strict():  # not inside observing(): those are logged and counted only
+            if not alarm.observed:  # an alarm of an observing() block is never raised, not even after it
                 self.unraised.append(alarm)
             self.add("alarm", 1.0)
             key = (alarm.check, alarm.step)

@@ -68,6 +68,14 @@ def callback_class() -> type:
         class OffPolicyGuardCallback(TrainerCallback):
             """trl_compat's off-policy guard: its metrics in the logs, its alarms raised in strict mode."""
 
+            def on_train_begin(self, args, state, control, **kwargs):
+                if _guarded_args(args):
+                    # figures no training log took (an earlier run's evaluate() after its last step)
+                    # are not this run's: they made its first offpolicy/* values wrong
+                    LEDGER.take_figures()
+                    # alarms no step end raised (fired outside any training step): logged, not this run's
+                    LEDGER.take_unraised()
+
             def on_step_begin(self, args, state, control, **kwargs):
                 if _guarded_args(args):
                     LEDGER.step = state.global_step

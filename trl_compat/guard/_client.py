@@ -54,8 +54,9 @@ def instrument(client: Any) -> None:
     if _instances.instrumented(client):
         return
     engine = _vllm.Engine(None, prefix_caching=True)  # the server's cache: TRL resets it after every sync
-    signature = _signature(type(client), "generate")
-    _instances.wrap_method(client, "generate", functools.partial(_generate_hook, engine, signature))
+    # chat: TRL 0.20+ sends conversational prompts as messages (the server applies the template)
+    for name in ("generate", "chat"):
+        _instances.wrap_method(client, name, functools.partial(_generate_hook, engine, _signature(type(client), name)))
     _instances.wrap_method(client, "update_named_param", functools.partial(_sync_hook, engine))
     _instances.wrap_method(
         client,
@@ -75,7 +76,7 @@ def _sync_hook(engine: Any, call: Callable[..., Any]) -> Callable[..., Any]:
     def update_named_param(*args: Any, **kwargs: Any) -> Any:
         result = call(*args, **kwargs)
         with guarded(GUARD_ID, "recording a weight sync to the server", fallback="the sync is not checked", logger=log):
-            engine_calls.synced(engine, _trainers.global_step(_trainers.last_trainer()))
+            engine_calls.synced(engine, _trainers.sync_step(engine))
         return result
 
     return update_named_param
@@ -112,7 +113,7 @@ def _token_logprobs(values: Any) -> Optional[tuple]:
 
 
 def record(engine: Any, trainer: Any, arguments: dict, result: Any) -> None:
-    prompts = list(arguments.get("prompts") or [])
+    prompts = list(arguments.get("prompts") or arguments.get("messages") or [])
     n = int(arguments.get("n") or 1)
     if isinstance(result, dict):
         completions, prompt_ids, logprobs = result.get("completion_ids"), result.get("prompt_ids"), result.get("logprobs")
@@ -127,7 +128,9 @@ def record(engine: Any, trainer: Any, arguments: dict, result: Any) -> None:
     number, step, store = _vllm.next_call(), LEDGER.step, pending(trainer)
     for index, ids in enumerate(completions):
         prompt = prompts[index // n]
-        known = prompt_ids[index // n] if isinstance(prompt_ids, list) else (prompt if isinstance(prompt, list) else None)
+        # a prompt sent as ids (TRL 1.0+) is what vLLM got; a conversation (chat) is known only by the ids returned
+        sent_ids = isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
+        known = prompt_ids[index // n] if isinstance(prompt_ids, list) else (prompt if sent_ids else None)
         store.add(
             Sampled(
                 call=number,

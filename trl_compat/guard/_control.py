@@ -38,6 +38,10 @@ def is_strict() -> bool:
     return _mode == "strict" and not _observing
 
 
+def observing_now() -> bool:
+    return bool(_observing)
+
+
 def mode() -> str:
     return _mode
 

@@ -55,6 +55,26 @@ def adopt(trainer: Any) -> None:
     _loss.attach(trainer)
 
 
+def sync_step(engine: Any = None) -> int:
+    """The optimizer step a weight sync happens at: the global step of the GRPO trainer whose code
+    makes it (TRL syncs from its own methods, or from ``VLLMGeneration.sync_weights`` called by
+    them), which is then adopted; 0 (the checkpoint's weights, nothing to check) for a sync no
+    trainer makes. Not the last trainer seen: an earlier run's step made a new engine's first sync
+    look like one after an optimizer step (C alarms on a run's step 0, or on a bare engine).
+    With ``engine`` (the guard's record of the engine synced into), the trainer found is kept
+    there: TRL 0.18+ calls load_weights once per parameter, and one stack walk per sync is enough."""
+    known = getattr(engine, "trainer", None)
+    trainer = known() if known is not None else None
+    if trainer is None:
+        trainer = calling_trainer()
+        if trainer is None:
+            return 0
+        adopt(trainer)
+        if engine is not None:
+            engine.trainer = weakref.ref(trainer)
+    return global_step(trainer)
+
+
 def global_step(trainer: Optional[Any]) -> int:
     state = getattr(trainer, "state", None)
     step = getattr(state, "global_step", None)

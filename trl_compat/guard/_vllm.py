@@ -157,22 +157,11 @@ def _sync_hook(engine: Engine, call: Callable[..., Any]) -> Callable[..., Any]:
             args, kwargs = weights.audit_sync(engine, args, kwargs)
         result = call(*args, **kwargs)
         with guarded(GUARD_ID, "recording a weight sync", fallback="the sync is not checked", logger=log):
-            engine_calls.synced(engine, _trainers.global_step(_sync_trainer(engine)))
+            engine_calls.synced(engine, _trainers.sync_step(engine))
             weights.after_sync(engine)
         return result
 
     return load_weights
-
-
-def _sync_trainer(engine: Engine) -> Any:
-    """The trainer syncing: found on the stack once per engine (TRL 0.18+ calls load_weights once
-    per parameter), then remembered. The last trainer seen may be another run's (a test session)."""
-    trainer = engine.trainer() if engine.trainer is not None else None
-    if trainer is None:
-        trainer = _trainers.calling_trainer()
-        if trainer is not None:
-            engine.trainer = weakref.ref(trainer)
-    return trainer
 
 
 def _generate_hook(engine: Engine, name: str, call: Callable[..., Any]) -> Callable[..., Any]:
