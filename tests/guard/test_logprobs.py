@@ -16,13 +16,11 @@ Batches are sized for L's minimum (8 completions, 256 tokens): 16 completions of
 
 from __future__ import annotations
 
-import importlib.util
-
-import trl_compat
-
 import pytest
 
-HAVE_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
+import guard_runs
+
+HAVE_TORCH = guard_runs.HAVE_TORCH
 
 if HAVE_TORCH:
     import torch
@@ -34,21 +32,8 @@ SIZES = dict(per_device_train_batch_size=16, max_completion_length=32)
 
 
 def _vllm_or_skip(versions=None, patch_id=None):
-    if not HAVE_TORCH:
-        pytest.skip("needs torch and transformers")
-    pytest.importorskip("trl")
-    import trl.trainer.grpo_trainer  # noqa: F401  (the patches' trigger)
-
-    version = grpo_run.trl_version()[:2]
-    if version < (0, 15):
-        pytest.skip("TRL 0.14's log-prob function is nested in compute_loss: the guard gets no log-prob values there")
-    if versions is not None and not versions(version):
-        pytest.skip(f"not this TRL ({version})")
-    reason = grpo_run.vllm_unsupported_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    if patch_id is not None and trl_compat.status(patch_id) != trl_compat.APPLIED:
-        pytest.skip(f"{patch_id} does not apply in this cell")
+    # TRL 0.14's log-prob function is nested in compute_loss: the guard gets no log-prob values there
+    version = guard_runs.vllm_run_or_skip(lambda v: v >= (0, 15) and (versions is None or versions(v)), patch_id)
     from trl_compat.guard.checks import logprobs
 
     logprobs.reset()

@@ -14,13 +14,13 @@ Server mode: tests/guard/test_server_mode.py; a real vLLM: tests/vllm_real/test_
 
 from __future__ import annotations
 
-import importlib.util
-
 import trl_compat
 
 import pytest
 
-HAVE_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
+import guard_runs
+
+HAVE_TORCH = guard_runs.HAVE_TORCH
 
 if HAVE_TORCH:
     import grpo_run
@@ -28,18 +28,7 @@ if HAVE_TORCH:
 
 
 def _needs(patch_id: str, versions=None):
-    if not HAVE_TORCH:
-        pytest.skip("needs torch and transformers")
-    pytest.importorskip("trl")
-    import trl.trainer.grpo_trainer  # noqa: F401  (the patches' trigger)
-
-    if versions is not None and grpo_run.trl_version()[:2] not in versions:
-        pytest.skip(f"{patch_id}'s bug is in TRL {versions}")
-    reason = grpo_run.vllm_unsupported_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    if trl_compat.status(patch_id) != trl_compat.APPLIED:
-        pytest.skip(f"{patch_id} does not apply in this cell")
+    guard_runs.vllm_run_or_skip(None if versions is None else (lambda v: v in versions), patch_id)
 
 
 def _shared_prefix_dataset(n=8):

@@ -16,13 +16,11 @@ Negative controls: the same runs with the patches on, 0 alarms.
 
 from __future__ import annotations
 
-import importlib.util
-
-import trl_compat
-
 import pytest
 
-HAVE_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
+import guard_runs
+
+HAVE_TORCH = guard_runs.HAVE_TORCH
 
 if HAVE_TORCH:
     import torch
@@ -32,20 +30,7 @@ if HAVE_TORCH:
 
 
 def _vllm_or_skip(versions=None, patch_id=None):
-    if not HAVE_TORCH:
-        pytest.skip("needs torch and transformers")
-    pytest.importorskip("trl")
-    import trl.trainer.grpo_trainer  # noqa: F401  (the patches' trigger)
-
-    version = grpo_run.trl_version()[:2]
-    if versions is not None and not versions(version):
-        pytest.skip(f"not this TRL ({version})")
-    reason = grpo_run.vllm_unsupported_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    if patch_id is not None and trl_compat.status(patch_id) != trl_compat.APPLIED:
-        pytest.skip(f"{patch_id} does not apply in this cell")
-    return version
+    return guard_runs.vllm_run_or_skip(versions, patch_id)
 
 
 def _checks(alarms, *names):
