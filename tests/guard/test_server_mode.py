@@ -78,14 +78,17 @@ class FakeServer:
         n, max_tokens, truncate = json["n"], json["max_tokens"], json.get("truncate_prompt_tokens")
         prompt_ids, completion_ids = [], []
         for text in texts:
-            ids = self.tokenizer(text)["input_ids"]
+            # TRL 0.29+ sends the prompts as token ids
+            ids = list(text) if isinstance(text, list) else self.tokenizer(text)["input_ids"]
             prompt_ids.append(ids[-truncate:] if truncate else ids)
-            seed = zlib.crc32(text.encode())
+            seed = zlib.crc32(str(text).encode())
             for k in range(n):
                 completion_ids.append([3 + (seed + 7 * k + 13 * j * (k + 1)) % (tiny.VOCAB_SIZE - 3) for j in range(max_tokens)])
-        return FakeResponse(
-            {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": [[-1.0] * max_tokens for _ in completion_ids]}
-        )
+        body = {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": [[-1.0] * max_tokens for _ in completion_ids]}
+        if "logprobs" in json:  # TRL 0.29+: per token, rank-sorted lists and their token ids
+            body["logprobs"] = [[[-1.0]] * max_tokens for _ in completion_ids]
+            body["logprob_token_ids"] = [[[token] for token in ids] for ids in completion_ids]
+        return FakeResponse(body)
 
     def get(self, url, **kwargs):
         return FakeResponse({})
@@ -216,8 +219,8 @@ def test_server_mode_chat_clean_run_no_alarm(tmp_path, server_mode, guard):
     """TRL 0.26+ sends conversations through ``VLLMClient.chat``: guarded too (C, S, and P on the
     prompt ids the server returns, which TRL trains on)."""
     _server_cell()
-    if grpo_run.trl_version()[:2] < (0, 26):
-        pytest.skip("TRL < 0.26 sends conversations as text through generate")
+    if not (0, 26) <= grpo_run.trl_version()[:2] < (0, 29):
+        pytest.skip("TRL < 0.26 sends conversations as text, 0.29+ as token ids, both through generate")
     from datasets import Dataset
 
     texts = tiny.prompt_dataset(8)["prompt"]
@@ -226,7 +229,7 @@ def test_server_mode_chat_clean_run_no_alarm(tmp_path, server_mode, guard):
         tmp_path, steps=2, dataset=dataset, chat_template="{% for message in messages %}{{ message['content'] }} {% endfor %}"
     )
     generation = getattr(trainer, "vllm_generation", None)
-    if generation is not None and generation.tools == []:
+    if generation is not None and getattr(generation, "tools", None) == []:
         # TRL 0.28.x hands tools=[] to VLLMClient.chat, which raises NotImplementedError on any tools that is
         # not None until 0.29.0 (`if tools:`): tools-empty-list-server's bug, outside its 0.26 window
         generation.tools = None

@@ -100,12 +100,18 @@ def _generate_hook(engine: Any, signature: Optional[inspect.Signature], call: Ca
     return generate
 
 
-def _token_logprobs(values: Any) -> Optional[tuple]:
-    if not isinstance(values, list):
+def _token_logprobs(values: Any, ids: tuple, token_ids: Any = None) -> Optional[tuple]:
+    """The sampled tokens' log-probs: one number per token (TRL 0.23 - 0.28), or per token a
+    rank-sorted list with ``logprob_token_ids`` beside it (0.29+), where the sampled token's entry is
+    the one with its id (the first only when nothing else was asked for)."""
+    if not isinstance(values, list) or len(values) != len(ids):
         return None
     out = []
-    for value in values:
-        value = value[0] if isinstance(value, list) and value else value
+    for position, value in enumerate(values):
+        if isinstance(value, list):
+            ranked = token_ids[position] if isinstance(token_ids, list) and position < len(token_ids) else None
+            at = ranked.index(ids[position]) if isinstance(ranked, list) and ids[position] in ranked else 0
+            value = value[at] if value else None
         if not isinstance(value, (int, float)):
             return None
         out.append(float(value))
@@ -117,8 +123,9 @@ def record(engine: Any, trainer: Any, arguments: dict, result: Any) -> None:
     n = int(arguments.get("n") or 1)
     if isinstance(result, dict):
         completions, prompt_ids, logprobs = result.get("completion_ids"), result.get("prompt_ids"), result.get("logprobs")
+        token_ids = result.get("logprob_token_ids")
     else:
-        completions, prompt_ids, logprobs = result, None, None
+        completions, prompt_ids, logprobs, token_ids = result, None, None, None
     if not isinstance(completions, list) or len(completions) != len(prompts) * n:
         return
     fields = {name: arguments[name] for name in SAMPLING_ARGUMENTS if name in arguments}
@@ -138,7 +145,9 @@ def record(engine: Any, trainer: Any, arguments: dict, result: Any) -> None:
                 prompt_ids=tuple(known) if known is not None else None,
                 prompt_text=prompt if known is None and isinstance(prompt, str) else None,
                 completion_ids=tuple(int(t) for t in ids),
-                logprobs=_token_logprobs(logprobs[index]) if isinstance(logprobs, list) and index < len(logprobs) else None,
+                logprobs=_token_logprobs(logprobs[index], ids, token_ids[index] if isinstance(token_ids, list) else None)
+                if isinstance(logprobs, list) and index < len(logprobs)
+                else None,
                 sampling=sampling,
                 engine=None,
                 truncate=truncate if isinstance(truncate, int) and truncate > 0 else None,
