@@ -4,7 +4,6 @@ raised, in the next. Each case was a false alarm of the matrix's strict negative
 from __future__ import annotations
 
 import types
-import weakref
 
 from trl_compat.guard import _trainers
 from trl_compat.guard._alarms import LEDGER, Alarm
@@ -31,12 +30,11 @@ def _fake_trainer(step):
 
 def test_a_sync_no_trainer_makes_is_at_step_0_whatever_the_last_trainer(monkeypatch):
     earlier = _fake_trainer(5)
-    monkeypatch.setattr(_trainers, "_last", weakref.ref(earlier))
+    _trainers._seen.add(earlier)  # an earlier run's trainer, alive and adopted
     assert _trainers.sync_step() == 0  # was 5: the earlier run's step made a new engine's first sync look post-step
 
 
 def test_a_sync_is_at_the_step_of_the_trainer_making_it(monkeypatch):
-    monkeypatch.setattr(_trainers, "_last", weakref.ref(_fake_trainer(5)))
     monkeypatch.setattr(_trainers, "adopt", lambda trainer: None)  # no loss-side capture for a fake
     assert _fake_trainer(2).sync() == 2
 

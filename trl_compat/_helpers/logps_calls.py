@@ -78,16 +78,19 @@ def unfixed(cls: type, marker: str, fixed: str) -> Tuple[Optional[LogpsCaller], 
     return caller, None
 
 
-def called_from(raw: types.CodeType) -> bool:
-    """Whether a frame of the function with code object ``raw`` is on the caller's stack."""
+def frame_of(raw: types.CodeType) -> Optional[types.FrameType]:
+    """The nearest frame of the function with code object ``raw`` on the caller's stack (None: not on it)."""
     frame: Optional[types.FrameType] = sys._getframe(1)
     for _ in range(_MAX_DEPTH):
-        if frame is None:
-            return False
-        if frame.f_code is raw:
-            return True
+        if frame is None or frame.f_code is raw:
+            return frame
         frame = frame.f_back
-    return False
+    return None
+
+
+def called_from(raw: types.CodeType) -> bool:
+    """Whether a frame of the function with code object ``raw`` is on the caller's stack."""
+    return frame_of(raw) is not None
 
 
 @contextlib.contextmanager

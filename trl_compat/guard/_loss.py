@@ -13,8 +13,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import sys
-from types import FrameType
 from typing import Any, List, Optional, Tuple
 
 from trl_compat._engine import guarded
@@ -79,11 +77,13 @@ def _nested_hook(trainer: Any, caller: Any) -> None:
 
     def pre(module: Any, args: tuple, kwargs: dict) -> None:
         owner = ref()
-        if owner is None or not _control.active() or not _any_generated() or not logps_calls.called_from(caller.raw):
+        if owner is None or not _control.active() or not _any_generated():
+            return None
+        frame = logps_calls.frame_of(caller.raw)
+        if frame is None:  # a generate forward of the same model, not TRL's log-prob function
             return None
         with guarded(GUARD_ID, "matching the loss's rows to vLLM's completions", fallback="these rows are not checked", logger=log):
-            frame = _frame_of(caller.raw)
-            keep = frame.f_locals.get("num_logits_to_keep", frame.f_locals.get("logits_to_keep")) if frame else None
+            keep = frame.f_locals.get("num_logits_to_keep", frame.f_locals.get("logits_to_keep"))
             input_ids = args[0] if args else kwargs.get("input_ids")
             observe(owner, caller, module, input_ids, None, keep, None)
         return None
@@ -92,17 +92,6 @@ def _nested_hook(trainer: Any, caller: Any) -> None:
     if model is not None and hasattr(model, "register_forward_pre_hook"):
         handle = model.register_forward_pre_hook(pre, with_kwargs=True)
         _instances.on_undo(handle.remove)
-
-
-def _frame_of(raw: Any) -> Any:
-    frame: Optional[FrameType] = sys._getframe(1)
-    for _ in range(64):
-        if frame is None:
-            return None
-        if frame.f_code is raw:
-            return frame
-        frame = frame.f_back
-    return None
 
 
 def tokens(trainer: Any) -> Tuple[Optional[int], Optional[int], Any]:

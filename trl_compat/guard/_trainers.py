@@ -19,7 +19,6 @@ from typing import Any, Optional
 
 _MAX_DEPTH = 48
 _seen: "weakref.WeakSet[Any]" = weakref.WeakSet()
-_last: Optional["weakref.ref[Any]"] = None
 
 
 def _is_grpo_trainer(obj: Any) -> bool:
@@ -39,14 +38,8 @@ def calling_trainer() -> Optional[Any]:
     return None
 
 
-def last_trainer() -> Optional[Any]:
-    return _last() if _last is not None else None
-
-
 def adopt(trainer: Any) -> None:
-    """Instrument ``trainer`` once (callback and loss-side capture); remember it as the last seen."""
-    global _last
-    _last = weakref.ref(trainer)
+    """Instrument ``trainer`` once (its loss-side capture)."""
     if trainer in _seen:
         return
     _seen.add(trainer)
