@@ -35,9 +35,30 @@ FIXES = {
 EXTRA_ENV = {"logps-temperature": {"TRL_COMPAT_LOGPS_TEMPERATURE": "1"}}
 
 
+def clean_environ():
+    """This process's environment without any TRL_COMPAT_* setting the caller had on (strict mode,
+    the guard, a disabled patch): the example shows trl_compat's defaults, whoever runs it."""
+    return {name: value for name, value in os.environ.items() if not name.startswith("TRL_COMPAT_")}
+
+
+def short_report():
+    """The lines of ``python -m trl_compat`` a first look needs: its headline, the counts, and the
+    rows of the fixes that apply to this stack (the full report lists every patch)."""
+    proc = subprocess.run([sys.executable, "-m", "trl_compat", "--json"], env=clean_environ(), capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"python -m trl_compat failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    data = json.loads(proc.stdout)
+    counts = ", ".join(f"{n} {status}" for status, n in data["counts"].items() if n)
+    lines = [data["headline"], f"patches: {counts}; the fixes applied to this stack:"]
+    applied = [row for row in data["patches"] if row["status"] == "applied"]
+    width = max((len(row["id"]) for row in applied), default=0)
+    lines += [f"  {row['id']:<{width}}  {row['summary']}" for row in applied]
+    lines.append("(every patch, with its reason: python -m trl_compat)")
+    return lines
+
+
 def run_tiny_grpo(fix, fix_on):
-    env = {**os.environ, **EXTRA_ENV.get(fix, {})}
-    env.pop("TRL_COMPAT_DISABLE", None)
+    env = {**clean_environ(), **EXTRA_ENV.get(fix, {})}
     if not fix_on:
         env["TRL_COMPAT_DISABLE"] = fix
     proc = subprocess.run([sys.executable, TINY_GRPO, fix], env=env, capture_output=True, text=True)
@@ -98,6 +119,7 @@ def main(fixes):
     if unknown:
         sys.exit(f"no example for {', '.join(unknown)}: choose from {', '.join(FIXES)}")
     failures = []
+    print("\n".join(short_report()) + "\n")
     for number, fix in enumerate(fixes, 1):
         before, after = before_after(fix)
         if number == 1:

@@ -15,10 +15,28 @@ import sys
 from pathlib import Path
 
 
+# The values every TRL_COMPAT_* switch accepts (trl_compat/_engine/settings.py); this script runs
+# where trl_compat may not be importable (a cell whose install failed), so they are repeated here
+# and tests/test_fixtures.py holds the two equal.
+ON = ("1", "true", "yes", "on")
+OFF = ("0", "false", "no", "off", "")
+
+
+def keep_envs(raw):
+    """TRL_COMPAT_KEEP_ENVS as a switch: `false` means off, like every other one. A value that is
+    neither keeps the venv (deleting is the step that cannot be undone) and says so."""
+    value = raw.strip().lower()
+    if value in OFF:
+        return False
+    if value not in ON:
+        print(f"TRL_COMPAT_KEEP_ENVS={raw!r} is not a recognised value (on: {', '.join(ON)}; off: {', '.join(OFF[:-1])} or unset); kept", file=sys.stderr)
+    return True
+
+
 def main(argv):
     env_dir, work_dir = (Path(p).resolve() for p in argv[1:3])
-    if os.environ.get("TRL_COMPAT_KEEP_ENVS", "").strip() not in ("", "0"):
-        print(f"kept {env_dir} (TRL_COMPAT_KEEP_ENVS is set)")
+    if keep_envs(os.environ.get("TRL_COMPAT_KEEP_ENVS", "")):
+        print(f"kept {env_dir} (TRL_COMPAT_KEEP_ENVS is on)")
         return 0
     # Only ever a venv directly under tox's work dir: a wrong argument must not
     # be able to delete anything else.

@@ -36,10 +36,43 @@ def requirement_lines(path):
         return [line.strip() for line in f if line.strip() and not line.startswith("#")]
 
 
-def test_example_pins_are_the_cell_without_the_vllm_standin():
+# What the example does not use, so does not install: the vLLM stand-in, and DeepSpeed with the
+# packages only DeepSpeed 0.16.3 pulls in (its requirements: einops, hjson, msgpack, ninja,
+# py-cpuinfo, pydantic; numpy, packaging, psutil, torch and tqdm stay: others need them too).
+NOT_USED = ("./tests/vllm_standin", "deepspeed", "einops", "hjson", "msgpack", "ninja", "py-cpuinfo", "pydantic", "pydantic_core", "annotated-types", "typing-inspection")
+
+
+def test_example_pins_are_the_cell_without_what_it_does_not_use():
     cell = requirement_lines(CELL)
-    assert STANDIN in cell
-    assert requirement_lines(os.path.join(ROOT, "examples", "requirements.txt")) == [line for line in cell if line != STANDIN]
+    assert STANDIN in cell and any(line.startswith("deepspeed==") for line in cell)
+    kept = [line for line in cell if line.split("==")[0] not in NOT_USED]
+    assert requirement_lines(os.path.join(ROOT, "examples", "requirements.txt")) == kept
+
+
+def test_the_example_clears_the_settings_it_inherits(example, monkeypatch):
+    monkeypatch.setenv("TRL_COMPAT_STRICT", "1")
+    monkeypatch.setenv("TRL_COMPAT_GUARD", "strict")
+    monkeypatch.setenv("TRL_COMPAT_DISABLE", "pad-token")
+    seen = {}
+
+    def fake_run(cmd, env, **kwargs):
+        seen.update(env)
+
+        class Done:
+            returncode = 0
+            stdout = 'RESULT {"ok": 1}\n'
+            stderr = ""
+
+        return Done()
+
+    monkeypatch.setattr(example.subprocess, "run", fake_run)
+    example.run_tiny_grpo("pad-token", fix_on=True)
+    assert not [name for name in seen if name.startswith("TRL_COMPAT_")], seen
+    example.run_tiny_grpo("logps-temperature", fix_on=False)
+    assert {n: v for n, v in seen.items() if n.startswith("TRL_COMPAT_")} == {
+        "TRL_COMPAT_LOGPS_TEMPERATURE": "1",
+        "TRL_COMPAT_DISABLE": "logps-temperature",
+    }
 
 
 def made_up(fix, **fields):

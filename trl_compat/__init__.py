@@ -32,7 +32,7 @@ from trl_compat._engine import (
 )
 from trl_compat._engine import install as _install
 from trl_compat._engine import revert as _revert
-from trl_compat._engine.reporting import checked_ids
+from trl_compat._engine.reporting import UnknownPatchId, checked_ids
 from trl_compat.patches import GRPO_MODULE, PATCHES
 
 __version__ = "0.1.0"
@@ -51,6 +51,7 @@ __all__ = [
     "Patch",
     "PatchStatus",
     "TrlCompatError",
+    "UnknownPatchId",
     "applied",
     "install",
     "report",

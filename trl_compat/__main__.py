@@ -53,6 +53,7 @@ def collect() -> dict:
     return {
         "trl_compat": trl_compat.__version__,  # first: a bug report pasted from here says which trl_compat
         "headline": headline(trl_compat.__version__, trl),
+        "counts": counts(records),
         "trl": trl,
         "versions": versions,
         "settings": settings.problems(known, [p.opt_in for p in registry() if p.opt_in]),
@@ -116,8 +117,33 @@ def headline(version: str, trl: dict) -> str:
     return f"trl_compat {version} (knows trl {trl['known']}; installed: {trl['version']})"
 
 
+# The statuses the counts line always shows, in its order; any other status present follows.
+COUNTED = ("applied", "not needed", "disabled", "undecided")
+# The order of the report's rows: what acts on this run first, what needs a look next, the rest after.
+ROW_ORDER = ("applied", "failed", "conflict", "target missing", "unknown version", "undecided", "disabled", "pending", "reverted", "not needed")
+
+
+def counts(records: List[dict]) -> dict:
+    """How many patches have each status: the four :data:`COUNTED` always, then any other present."""
+    found = {status: 0 for status in COUNTED}
+    for row in records:
+        found[row["status"]] = found.get(row["status"], 0) + 1
+    return found
+
+
+def counts_line(found: dict) -> str:
+    return ", ".join(f"{n} {status}" for status, n in found.items() if n or status in COUNTED)
+
+
+def _row_rank(row: dict) -> int:
+    return ROW_ORDER.index(row["status"]) if row["status"] in ROW_ORDER else len(ROW_ORDER)
+
+
 def render(data: dict) -> str:
-    lines = [data["headline"], ""]
+    lines = [data["headline"]]
+    if "counts" in data:
+        lines.append(f"patches: {counts_line(data['counts'])}")
+    lines.append("")
     width = max(len(k) for k in list(data["versions"]) + ["activation", "settings", "guard"])
     for dist, version in data["versions"].items():
         if dist != "trl_compat":
@@ -132,7 +158,8 @@ def render(data: dict) -> str:
         said = setting["problem"] or f"{variable}={setting['value']!r}"
         lines.append(f"  {'settings':<{width}}  {said}")
     lines.append("")
-    rows = [("patch", "status", "reason")] + [(r["id"], r["status"], r["reason"]) for r in data["patches"]]
+    ordered = sorted(data["patches"], key=_row_rank)  # stable: registry order within a status
+    rows = [("patch", "status", "reason")] + [(r["id"], r["status"], r["reason"]) for r in ordered]
     w_id = max(len(r[0]) for r in rows)
     w_st = max(len(r[1]) for r in rows)
     for pid, st, reason in rows:

@@ -253,7 +253,7 @@ def test_report_says_how_in_json_and_text():
     )
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert list(data) == ["trl_compat", "headline", "trl", "versions", "settings", "activation", "guard", "patches"]
+    assert list(data) == ["trl_compat", "headline", "counts", "trl", "versions", "settings", "activation", "guard", "patches"]
     assert data["activation"]["mechanisms"] == [activation.LAUNCHER], data["activation"]
     assert data["activation"]["this_process"] == activation.LAUNCHER
     text = subprocess.run([sys.executable, "-m", "trl_compat"], env=env, cwd=SUPPORT, capture_output=True, text=True, timeout=120)

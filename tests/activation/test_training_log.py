@@ -25,7 +25,9 @@ SCRIPT = os.path.join(SUPPORT, "training_log_script.py")
 SITE_FILES = os.path.join(os.path.dirname(__file__), "..", "..", "trl_compat", "activation", "site_files")
 BIN = os.path.dirname(sys.executable)
 TRL = installed("trl")
-LINE_START = f"trl_compat {trl_compat.__version__}: active fixes: "
+LINE_START = f"trl_compat {trl_compat.__version__}: fixes that "
+NUMBERS = "fixes that change this run's numbers: "
+CRASHES = "fixes that prevent a crash: "
 
 pytestmark = pytest.mark.skipif(
     TRL is None or not str(TRL).startswith(("0.14.", "0.15.", "0.16.", "0.17.", "0.18.", "0.19.")),
@@ -61,9 +63,27 @@ def run(cmd, env, timeout=300):
 
 
 def fixes_named(line):
-    """The ids the line names as active."""
+    """The ids the line names as active, checked against what each fixes: a bug that trains
+    silently wrong under "change this run's numbers", a crash under "prevent a crash"."""
     assert line.endswith("details: python -m trl_compat"), line
-    return set(line[len(LINE_START) :].split(";")[0].split(", "))
+    parts = line.split(": ", 1)[1].split("; ")
+    named = {}
+    for part in parts:
+        for prefix in (NUMBERS, CRASHES):
+            if part.startswith(prefix):
+                named[prefix] = set(part[len(prefix) :].split(", "))
+    for pid in named.get(NUMBERS, set()):
+        assert training_log.changes_numbers(pid), (pid, line)
+    for pid in named.get(CRASHES, set()):
+        assert not training_log.changes_numbers(pid), (pid, line)
+    # the guard's mode: these scripts run GRPO without vLLM, so a guard that is on has nothing to check
+    mode = os.environ.get("TRL_COMPAT_GUARD", "").strip().lower()
+    if mode in ("strict", "1", "true", "yes", "on"):
+        shown = "strict" if mode == "strict" else "on"
+        assert f"off-policy guard: {shown}, nothing to check (this run uses no vLLM)" in parts, line
+    else:
+        assert "off-policy guard: off" in parts, line
+    return set().union(*named.values())
 
 
 def under_launcher(*cmd):
@@ -120,7 +140,7 @@ def test_line_under_the_switch(model_dir, tmp_path, switch_dir):
 
 def test_quiet_silences_the_line_not_the_metrics(model_dir, tmp_path, switch_dir):
     ranks, lines, output = run(under_launcher(sys.executable, SCRIPT, model_dir, str(tmp_path)), base_env(TRL_COMPAT_QUIET="1"))
-    assert lines == [] and "active fixes" not in output, output[-6000:]
+    assert lines == [] and "trl_compat " + trl_compat.__version__ + ":" not in output, output[-6000:]
     (result,) = ranks
     assert result["applied"] and result["metrics"] == {training_log.METRIC_PREFIX + p: 1 for p in result["applied"]}
     ranks, lines, output = run(

@@ -4,6 +4,7 @@ import importlib
 import logging
 
 import trl_compat
+from trl_compat import __main__ as cli
 from trl_compat import _engine as engine
 
 import pytest
@@ -80,3 +81,33 @@ def test_cli_json_and_table(fresh_cli):
     assert table.strip().splitlines()[0] == data["headline"], table
     for rec in data["patches"]:
         assert rec["id"] in table
+
+
+def test_cli_counts_line_and_applied_rows_first(fresh_cli):
+    data, table = fresh_cli
+    statuses = [rec["status"] for rec in data["patches"]]
+    assert list(data["counts"])[:4] == ["applied", "not needed", "disabled", "undecided"]
+    assert sum(data["counts"].values()) == len(statuses)
+    for status, n in data["counts"].items():
+        assert statuses.count(status) == n, (status, n)
+    lines = table.strip().splitlines()
+    assert lines[1] == "patches: " + ", ".join(f"{n} {s}" for s, n in data["counts"].items() if n or s in cli.COUNTED)
+    shown = [line.split()[0] for line in lines if line.startswith("  ") and line.split()[0] in {r["id"] for r in data["patches"]}]
+    ranks = [cli.ROW_ORDER.index({r["id"]: r["status"] for r in data["patches"]}[pid]) for pid in shown]
+    assert ranks == sorted(ranks), shown  # applied rows first, "not needed" last
+
+
+def test_the_training_line_tells_fixes_that_change_numbers_from_crash_fixes_and_the_guard(monkeypatch):
+    from trl_compat._helpers import training_log
+
+    assert training_log.changes_numbers("scale-rewards-swapped")  # moves a 0.22.1 run's loss
+    assert training_log.changes_numbers("vllm-prefix-cache")
+    assert not training_log.changes_numbers("pad-token")  # only prevents a crash
+    assert not training_log.changes_numbers("eval-before-train-ga")
+    monkeypatch.delenv("TRL_COMPAT_GUARD", raising=False)
+    assert training_log.guard_part(uses_vllm=True) == "off-policy guard: off"
+    monkeypatch.setenv("TRL_COMPAT_GUARD", "strict")
+    assert training_log.guard_part(uses_vllm=True) == "off-policy guard: strict"
+    assert training_log.guard_part(uses_vllm=False) == "off-policy guard: strict, nothing to check (this run uses no vLLM)"
+    monkeypatch.setenv("TRL_COMPAT_GUARD", "1")
+    assert training_log.guard_part(uses_vllm=False) == "off-policy guard: on, nothing to check (this run uses no vLLM)"

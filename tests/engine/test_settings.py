@@ -56,11 +56,20 @@ def test_unknown_disable_ids_warn_once(monkeypatch, capsys):
     assert settings.disabled_ids(KNOWN) == {"pad-token", "no-such-patch", "*"}
     settings.disabled_ids(KNOWN)
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(
-        "trl_compat: warning: TRL_COMPAT_DISABLE names unknown patch ids no-such-patch (accepted: a comma-separated list of "
+    assert err == (
+        "trl_compat: warning: TRL_COMPAT_DISABLE names unknown patch id 'no-such-patch' (accepted: a "
+        "comma-separated list of patch ids, as `python -m trl_compat` lists them, or *); assumed: ignored\n"
     ), err
-    assert err.rstrip().endswith(", or *); assumed: those are ignored"), err
-    assert "pad-token" in err  # among the accepted ones
+
+
+def test_a_mistyped_disable_id_gets_the_close_match_not_the_whole_list(monkeypatch, capsys):
+    monkeypatch.setenv(settings.DISABLE, "pad_token,vllm-prefix-cach")
+    settings.disabled_ids(KNOWN)
+    err = capsys.readouterr().err
+    assert "'pad_token' (did you mean pad-token?)" in err, err
+    assert "'vllm-prefix-cach' (did you mean vllm-prefix-cache?)" in err, err
+    others = [pid for pid in KNOWN if pid not in ("pad-token", "vllm-prefix-cache")]
+    assert not [pid for pid in others if pid in err], err  # the other ids are not listed
 
 
 def test_problems_name_every_set_variable(monkeypatch):
@@ -171,14 +180,18 @@ def test_report_headline_comes_first(monkeypatch, version):
 # -- errors that name the problem -----------------------------------------------------------------
 
 
-def test_status_of_an_unknown_id_lists_the_known_ones():
+def test_an_unknown_id_names_the_close_match_and_the_public_class():
     with pytest.raises(KeyError) as raised:
-        trl_compat.status("no-such-id")
-    message = str(raised.value)
-    assert message.startswith("unknown trl_compat patch id 'no-such-id'; known: "), message
-    assert all(pid in message for pid in KNOWN), message
+        trl_compat.status("pad_token")
+    assert str(raised.value) == (
+        "unknown trl_compat patch id 'pad_token' (did you mean pad-token?); `python -m trl_compat` lists them all"
+    )
+    # a traceback names the class where users import it from, not a private module
+    assert type(raised.value) is trl_compat.UnknownPatchId
+    assert f"{type(raised.value).__module__}.{type(raised.value).__qualname__}" == "trl_compat.UnknownPatchId"
+    assert f"{trl_compat.TrlCompatError.__module__}.TrlCompatError" == "trl_compat.TrlCompatError"
     for call in (trl_compat.install, trl_compat.revert):
-        with pytest.raises(KeyError, match="unknown trl_compat patch ids 'nope', 'nada'; known: "):
+        with pytest.raises(KeyError, match="unknown trl_compat patch ids 'nope'; 'nada'; `python -m trl_compat` lists"):
             call("nope", "nada")
 
 

@@ -37,6 +37,8 @@ _TROUBLE = {UNKNOWN_VERSION, UNDECIDED, TARGET_MISSING, FAILED, CONFLICT}
 class TrlCompatError(RuntimeError):
     """Raised instead of degrading quietly when ``TRL_COMPAT_STRICT=1``."""
 
+    __module__ = "trl_compat"  # where users import it from: tracebacks name the public path
+
 
 class SourceUnavailable(LookupError):
     """The source of the probed object cannot be read; the message says why (the patch is "undecided")."""

@@ -39,7 +39,9 @@ def _status_of(patch: Patch, state: PatchState) -> PatchStatus:
 
 
 class UnknownPatchId(KeyError):
-    """A patch id no registered patch has; the message lists the known ones."""
+    """A patch id no registered patch has; the message names the close matches."""
+
+    __module__ = "trl_compat"  # where users import it from: tracebacks name the public path
 
     def __str__(self) -> str:  # KeyError's would show the message as a quoted repr
         return str(self.args[0])
@@ -59,9 +61,11 @@ def checked_ids(caller: str, ids: Sequence[object]) -> List[str]:
             )
     unknown = [pid for pid in ids if pid not in REGISTRY]
     if unknown:
+        from trl_compat._engine.settings import close_matches
+
         raise UnknownPatchId(
-            f"unknown trl_compat patch id{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-            f"known: {', '.join(REGISTRY)}"
+            f"unknown trl_compat patch id{'s' if len(unknown) > 1 else ''} "
+            f"{'; '.join(close_matches(str(pid), REGISTRY) for pid in unknown)}; `python -m trl_compat` lists them all"
         )
     return list(ids)  # type: ignore[arg-type]
 

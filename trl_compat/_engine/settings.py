@@ -121,9 +121,24 @@ def disable_problem(known: Iterable[str], environ: Optional[Mapping[str, str]] =
     if not unknown:
         return None
     return (
-        f"{DISABLE} names unknown patch ids {', '.join(unknown)} (accepted: a comma-separated list of "
-        f"{', '.join(known)}, or *); assumed: those are ignored"
+        f"{DISABLE} names unknown patch id{'s' if len(unknown) > 1 else ''} "
+        f"{'; '.join(close_matches(pid, known) for pid in unknown)} (accepted: a comma-separated list of "
+        "patch ids, as `python -m trl_compat` lists them, or *); assumed: ignored"
     )
+
+
+def close_matches(unknown: str, known: Iterable[str]) -> str:
+    """``unknown``, and the known ids it was probably meant to be (``'pad_token' (did you mean
+    pad-token?)``): a typo gets the one or two likely ids, not the whole registry."""
+    import difflib  # only when a value is wrong: start-up stays cheap
+
+    known = list(known)
+    normalised = {pid.replace("-", "_").lower(): pid for pid in known}
+    guesses = [normalised[key] for key in difflib.get_close_matches(unknown.replace("-", "_").lower(), list(normalised), n=2, cutoff=0.6)]
+    guesses += [pid for pid in known if unknown.lower() in pid and pid not in guesses][: max(0, 2 - len(guesses))]
+    if not guesses:
+        return repr(unknown)
+    return f"{unknown!r} (did you mean {' or '.join(guesses)}?)"
 
 
 def problems(known: Iterable[str], opt_in: Iterable[str], environ: Optional[Mapping[str, str]] = None) -> Dict[str, Dict[str, object]]:

@@ -3,7 +3,15 @@
 * One line in the training log when a ``GRPOTrainer`` is built, once per process, on the main
   process only (``TRL_COMPAT_QUIET=1``: none)::
 
-      trl_compat 0.1.0: active fixes: pad-token, dataloader-workers; disabled: logps-temperature; details: python -m trl_compat
+      trl_compat 0.2.0: fixes that change this run's numbers: scale-rewards-swapped; fixes that
+      prevent a crash: eval-before-train-ga; disabled: logps-temperature; off-policy guard: off;
+      details: python -m trl_compat
+
+  The fixes are split by what they do to a run: one that changes its numbers (its bug trains
+  silently wrong: the registry's ``symptom`` says "silent") tells a user who tuned on the buggy
+  release that the loss and metrics move; one that prevents a crash changes nothing a working
+  run computed. The guard's part says its mode, and, where it is on but the run has no vLLM,
+  that it has nothing to check.
 
 * The applied ids in the trainer's first logged training metrics, ``trl_compat/applied/<id>: 1``,
   so that W&B, TensorBoard and ``trainer.state.log_history`` carry them.
@@ -37,23 +45,50 @@ _announced = False  # once per process, however many trainers it builds
 _callback_class = None
 
 
-def summary_line() -> str:
-    """The line the training log shows: applied ids, disabled ones, skipped ones, where the details are."""
+def changes_numbers(patch_id: str) -> bool:
+    """Whether the patch fixes a bug that trains silently wrong, so that applying it changes a
+    run's numbers (the registry's ``symptom`` is the one place that says so: it starts "silent")."""
+    return REGISTRY.patch(patch_id).symptom.lstrip().lower().startswith("silent")
+
+
+def guard_part(uses_vllm: Optional[bool]) -> str:
+    """The guard's mode for the line; where it is on and this run has no vLLM, that it checks nothing."""
+    mode = settings.guard_mode()
+    if mode == "off":
+        return "off-policy guard: off"
+    if uses_vllm is False:
+        return f"off-policy guard: {mode}, nothing to check (this run uses no vLLM)"
+    return f"off-policy guard: {mode}"
+
+
+def summary_line(uses_vllm: Optional[bool] = None) -> str:
+    """The line the training log shows: the applied fixes (those that change a run's numbers apart
+    from those that prevent a crash), disabled ones, skipped ones, the guard, where the details are."""
     import trl_compat
 
     records = report()
-    parts = ["active fixes: " + (", ".join(r.id for r in records if r.status == APPLIED) or "none")]
+    applied = [r.id for r in records if r.status == APPLIED]
+    numbers = [pid for pid in applied if changes_numbers(pid)]
+    crashes = [pid for pid in applied if pid not in numbers]
+    parts = []
+    if numbers:
+        parts.append("fixes that change this run's numbers: " + ", ".join(numbers))
+    if crashes:
+        parts.append("fixes that prevent a crash: " + ", ".join(crashes))
+    if not applied:
+        parts.append("active fixes: none")
     disabled = [r.id for r in records if r.status == DISABLED]
     if disabled:
         parts.append("disabled: " + ", ".join(disabled))
     trouble = [f"{r.id} ({r.status})" for r in records if r.status in _TROUBLE]
     if trouble:
         parts.append("skipped: " + ", ".join(trouble))
+    parts.append(guard_part(uses_vllm))
     parts.append("details: " + DETAILS)
     return f"trl_compat {trl_compat.__version__}: " + "; ".join(parts)
 
 
-def announce(main_process: bool = True) -> bool:
+def announce(main_process: bool = True, uses_vllm: Optional[bool] = None) -> bool:
     """Log :func:`summary_line` once per process, on the main process, unless ``TRL_COMPAT_QUIET``.
     Returns whether it logged."""
     global _announced
@@ -74,7 +109,7 @@ def announce(main_process: bool = True) -> bool:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
-    logger.info("%s", summary_line())
+    logger.info("%s", summary_line(uses_vllm))
     return True
 
 
@@ -137,7 +172,10 @@ def callback_class() -> type:
                 failures = held_failures()
                 if failures:
                     raise TrlCompatError("TRL_COMPAT_STRICT=1: " + "; ".join(failures))
-                announce(main_process=state.is_world_process_zero and _global_rank_zero())
+                announce(
+                    main_process=state.is_world_process_zero and _global_rank_zero(),
+                    uses_vllm=bool(getattr(args, "use_vllm", False)),
+                )
 
             def on_log(self, args, state, control, logs=None, **kwargs):
                 if self.metrics_logged or logs is None or "loss" not in logs or not _is_grpo(args):
