@@ -4,7 +4,7 @@ What ``twine check --strict`` does not look at: the name, the version (the one i
 ``trl_compat/__init__.py``), the dependencies (no extras that would upgrade a pinned stack),
 the console script, that the wheel carries every module of the tree and, at its root (i.e.
 in site-packages once installed), the ``TRL_COMPAT_AUTO`` start-up files, byte for byte; and
-that the sdist carries README, CHANGELOG, LICENSE and the whole test suite.
+that the sdist carries README, CHANGELOG, LICENSE, the docs README links and the whole test suite.
 
 usage: python tools/check_dist.py DIST_DIR      (tox -e package runs it)
 """
@@ -94,7 +94,7 @@ def check_sdist(path, problems):
         top = members[0].split("/")[0]
         names = {m.split("/", 1)[1] for m in members if "/" in m}
         check_metadata(email.message_from_bytes(tf.extractfile(f"{top}/PKG-INFO").read()), os.path.basename(path), problems)
-    wanted = set(SDIST_FILES) | tree_files("tests") | tree_files("trl_compat", (".py",))
+    wanted = set(SDIST_FILES) | tree_files("tests") | tree_files("docs") | tree_files("trl_compat", (".py",))
     wanted |= {f"{SITE_FILES_DIR}/{n}".replace(os.sep, "/") for n in SITE_FILES}
     missing = wanted - names
     if missing:

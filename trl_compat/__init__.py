@@ -35,7 +35,7 @@ from trl_compat._engine import revert as _revert
 from trl_compat._engine.reporting import UnknownPatchId, checked_ids
 from trl_compat.patches import GRPO_MODULE, PATCHES
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 __all__ = [
     "APPLIED",

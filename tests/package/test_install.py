@@ -65,7 +65,25 @@ def vcs_url(tmp_path):
     return f"git+{clone.as_uri()}@{commit}", run("git", "show", f"{commit}:trl_compat/__init__.py", cwd=ROOT)
 
 
-@pytest.fixture(params=["wheel", "sdist", "vcs"])
+def readme_line(tmp_path):
+    """README's requirements line, as a user pastes it, with the repository's URL replaced by a
+    clone of this repository: the release commit it names, and the version that commit holds."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs git and a git checkout of the repository")
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(r"^trl-compat @ (git\+<repository URL>@(?P<commit>[0-9a-f]{40}))  # release (?P<version>\S+)$", readme, re.M)
+    assert match is not None, "README has no requirements line naming a release commit"
+    clone = tmp_path / "clone"
+    run("git", "clone", "--quiet", "--no-checkout", ROOT, clone, cwd=tmp_path)
+    url = match[1].replace("<repository URL>", clone.as_uri())
+    init = run("git", "show", f"{match['commit']}:trl_compat/__init__.py", cwd=ROOT)
+    assert f'__version__ = "{match["version"]}"' in init
+    return url, match["version"], match["commit"]
+
+
+@pytest.fixture(params=["wheel", "sdist", "vcs", "readme"])
 def installed(request, tmp_path):
     """``(python, site-packages, version the source says)`` of a fresh venv with trl-compat installed
     from a requirements file, as a user pins it."""
@@ -74,6 +92,8 @@ def installed(request, tmp_path):
         url = one("trl_compat-*-py3-none-any.whl").as_uri()
     elif request.param == "sdist":
         url = one("trl_compat-*.tar.gz").as_uri()
+    elif request.param == "readme":
+        url, expected, request.node.release_commit = readme_line(tmp_path)
     else:
         url, init = vcs_url(tmp_path)
         # the commit's own version: the working tree may carry an uncommitted bump
@@ -91,7 +111,16 @@ def installed(request, tmp_path):
     return python, site, expected, pip
 
 
-def test_installed_version_script_report_and_start_up_files(installed, tmp_path):
+def site_file(name, request):
+    """A start-up file as the installed source has it: the tree's, or the release commit's."""
+    commit = getattr(request.node, "release_commit", None)
+    path = f"{CHECK.SITE_FILES_DIR}/{name}"
+    if commit is None:
+        return (ROOT / path).read_bytes()
+    return subprocess.run(["git", "show", f"{commit}:{path}"], cwd=ROOT, capture_output=True, check=True).stdout
+
+
+def test_installed_version_script_report_and_start_up_files(installed, tmp_path, request):
     python, site, expected, pip = installed
     env = clean_env()
     out = run(
@@ -111,7 +140,7 @@ def test_installed_version_script_report_and_start_up_files(installed, tmp_path)
     assert expected in run(python, "-m", "trl_compat", cwd=tmp_path, env=env)
 
     for name in CHECK.SITE_FILES:
-        assert (site / name).read_bytes() == (ROOT / CHECK.SITE_FILES_DIR / name).read_bytes(), name
+        assert (site / name).read_bytes() == site_file(name, request), name
     loaded = "import sys; print('trl_compat' in sys.modules)"
     assert run(python, "-c", loaded, cwd=tmp_path, env=clean_env(TRL_COMPAT_AUTO="1")).strip() == "True"
     assert run(python, "-c", loaded, cwd=tmp_path, env=env).strip() == "False"
