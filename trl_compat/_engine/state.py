@@ -13,7 +13,7 @@ from trl_compat._engine.patch import _TROUBLE, APPLIED, PENDING, TrlCompatError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
-    from typing import Dict, Iterator, List, Optional, Sequence
+    from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
     from trl_compat._engine.patch import Patch
     from trl_compat._engine.patcher import Patcher
@@ -39,21 +39,40 @@ class Registry:
     """Owns the engine's state: the patches by id in registration order (the order in which
     patches that change one attribute stack), a :class:`PatchState` for each, and the lock.
     Iterating gives the ids. :mod:`.lifecycle` changes states under ``lock``; :mod:`.reporting`
-    reads them under it."""
+    reads them under it.
+
+    ``trl_compat`` fills it on first use (:meth:`fill_on_first_use`): its patches, registered
+    before anything else can be, whether TRL's import or a call of the API comes first."""
 
     def __init__(self) -> None:
         self.lock = _thread.RLock()
+        self._fill: Optional[Callable[[], None]] = None
         self._patches: Dict[str, Patch] = {}
         self._states: Dict[str, PatchState] = {}
         self._held: List[str] = []  # strict-mode failures a hold kept from raising where they happened
 
+    def fill_on_first_use(self, fill: Callable[[], None]) -> None:
+        """Call ``fill()`` (once) before the registry is next read or added to."""
+        self._fill = fill
+
+    def _filled(self) -> None:
+        if self._fill is None:
+            return
+        with self.lock:
+            fill, self._fill = self._fill, None
+            if fill is not None:
+                fill()
+
     def __iter__(self) -> Iterator[str]:
+        self._filled()
         return iter(list(self._patches))
 
     def __contains__(self, patch_id: object) -> bool:
+        self._filled()
         return patch_id in self._patches
 
     def register(self, patch: Patch) -> None:
+        self._filled()
         with self.lock:
             if patch.id in self._patches and self._patches[patch.id] is not patch:
                 raise ValueError(f"duplicate patch id {patch.id!r}")
@@ -75,16 +94,20 @@ class Registry:
             del self._states[patch_id]
 
     def patches(self) -> List[Patch]:
+        self._filled()
         return list(self._patches.values())
 
     def patch(self, patch_id: str) -> Patch:
+        self._filled()
         return self._patches[patch_id]
 
     def state(self, patch_id: str) -> PatchState:
+        self._filled()
         return self._states[patch_id]
 
     def select(self, ids: Sequence[str]) -> List[Patch]:
         """The patches with these ids (all, when none is given); KeyError naming unknown ids."""
+        self._filled()
         unknown = [i for i in ids if i not in self._patches]
         if unknown:
             raise KeyError(f"unknown trl_compat patch ids: {unknown}")
@@ -94,6 +117,7 @@ class Registry:
         return list(self._patches).index(patch.id)
 
     def with_status(self, *statuses: str) -> List[str]:
+        self._filled()
         with self.lock:
             return [pid for pid, state in self._states.items() if state.status in statuses]
 
@@ -120,6 +144,7 @@ class Registry:
 
     def settled_summary(self) -> Optional[str]:
         """The one-line summary once no patch is pending (None while one is)."""
+        self._filled()
         with self.lock:
             if any(s.status == PENDING for s in self._states.values()):
                 return None
