@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from trl_compat._engine import hooks, logs, settings
 from trl_compat._engine.patch import (
+    ADVICE,
     APPLIED,
     CONFLICT,
     DISABLED,
@@ -108,7 +109,7 @@ def _probe_and_apply(patch: Patch, module: ModuleType) -> None:
         set_status(patch, CONFLICT, f"{patch.trigger}.{patch.must_exist.split('.')[0]} was replaced by {foreign}; left alone")
         return
     if patch.probe is None or patch.apply is None:
-        set_status(patch, FAILED, "declares neither impl nor probe and apply")
+        set_status(patch, FAILED, "declares a probe without an apply, or an apply without a probe")
         return
     try:
         verdict = patch.probe(module)
@@ -123,6 +124,9 @@ def _probe_and_apply(patch: Patch, module: ModuleType) -> None:
         return
     if not verdict.needed:
         set_status(patch, NOT_NEEDED, verdict.reason)
+        return
+    if patch.kind == ADVICE:
+        set_status(patch, UNDECIDED, f"{verdict.reason}; advice only: trl_compat has no fix to apply")
         return
     if patch.opt_in and not settings.switch(patch.opt_in):
         log.info("trl_compat: %s: %s; opt-in: set %s=1 to apply the fix", patch.id, verdict.reason, patch.opt_in)
