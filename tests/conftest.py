@@ -63,6 +63,7 @@ STACK_FREE = (
     "tests/guard/test_guard_units.py",
     "tests/helpers/test_source.py",
     "tests/helpers/test_zero3.py",
+    "tests/test_matrix.py",
     "tests/test_selection.py",
 )
 PACKAGE = ("tests/package",)
