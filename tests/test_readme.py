@@ -91,7 +91,11 @@ def test_windows_read_as_people_write_them(tool, requires, shown):
             "not fixed ([TRL issue #3115](https://github.com/huggingface/trl/issues/3115))",
         ),
         ("none for TRL 0.14-0.19; TRL 0.20's rewrite (PR #3072) no longer passes it", None, "none for TRL 0.14-0.19"),
-        ("https://github.com/huggingface/trl/issues/2770 (name mismatch); more", None, "[TRL issue #2770](https://github.com/huggingface/trl/issues/2770)"),
+        (
+            "https://github.com/huggingface/trl/issues/2770 (name mismatch); more",
+            None,
+            "[TRL issue #2770](https://github.com/huggingface/trl/issues/2770)",
+        ),
     ],
 )
 def test_upstream_is_shortened_to_the_fixing_release(tool, upstream, fixed_in, shown):

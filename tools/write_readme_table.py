@@ -140,7 +140,8 @@ def table(patches):
     for patch in patches:
         seen = patch.symptom or patch.summary
         lines.append(
-            f"| `{patch.id}` | {_cell(seen)} | {_cell(render_requires(patch.requires))} | {_cell(render_upstream(patch.upstream, patch.fixed_in))} |"
+            f"| `{patch.id}` | {_cell(seen)} | {_cell(render_requires(patch.requires))} "
+            f"| {_cell(render_upstream(patch.upstream, patch.fixed_in))} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -37,7 +37,6 @@ if TYPE_CHECKING:
         applied,
         report,
         status,
-        strict,
     )
 
 __version__ = "0.1.0"

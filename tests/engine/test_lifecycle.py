@@ -478,7 +478,8 @@ def test_a_bad_setting_is_told_when_trl_is_imported(tmp_path):
     (tmp_path / "trl").mkdir()
     (tmp_path / "trl" / "__init__.py").write_text("")
     env = {k: v for k, v in os.environ.items() if k not in ("TRL_COMPAT_AUTO", "TRL_COMPAT_GUARD")}
-    env.update(TRL_COMPAT_STRICT="enabled", PYTHONPATH=os.pathsep.join([str(tmp_path), os.path.dirname(os.path.dirname(trl_compat.__file__))]))
+    source = os.path.dirname(os.path.dirname(trl_compat.__file__))
+    env.update(TRL_COMPAT_STRICT="enabled", PYTHONPATH=os.pathsep.join([str(tmp_path), source]))
     code = "import sys, trl_compat; sys.stderr.write('<imported>'); import trl"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr

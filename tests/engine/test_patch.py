@@ -67,7 +67,9 @@ def test_impl_is_imported_only_when_the_probe_is_called(tmp_path, monkeypatch):
 
 def test_repr_and_equality_name_every_field():
     patch = Patch(**FIELDS)
-    assert repr(patch).startswith("Patch(id='test-decl', kind='fix', summary='s', symptom='', upstream='u', fixed_in=None, trigger='x.mod'")
+    assert repr(patch).startswith(
+        "Patch(id='test-decl', kind='fix', summary='s', symptom='', upstream='u', fixed_in=None, trigger='x.mod'"
+    )
     assert patch == Patch(**FIELDS) and patch != Patch(**dict(FIELDS, must_exist="Other"))
     with pytest.raises(TypeError):
         hash(patch)

@@ -17,9 +17,9 @@ says where it stacks when that is not plain. Fields most entries share are defau
 the module named after the id; an entry spells them out only where it differs.
 """
 
-from trl_compat._engine.patch import GRPO_MODULE, Patch
+from trl_compat._engine.patch import GRPO_MODULE as GRPO_MODULE  # the default trigger, named here for callers
+from trl_compat._engine.patch import Patch
 from trl_compat._engine.versions import affected
-
 
 # The TRL releases this version of trl_compat knows: every patch's window and probe were checked
 # against them (matrix/SWEEP.md). GRPOTrainer appeared in 0.14.0. `python -m trl_compat` says when
@@ -436,7 +436,9 @@ PATCHES = [
             "trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]},
             "vllm": {"inside": ["0.8.0", "0.8.5.post2", "0.10.2"], "outside": ["0.7.2"]},
         },
-        remove_when="TRL 0.14.x and 0.15.x are no longer supported (or vLLM < 0.11, the last releases with the V0 engine the patch selects)",
+        remove_when=(
+            "TRL 0.14.x and 0.15.x are no longer supported (or vLLM < 0.11, the last releases with the V0 engine the patch selects)"
+        ),
     ),
     Patch(
         id="fsdp2-vllm-sync",
