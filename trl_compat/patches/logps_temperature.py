@@ -92,6 +92,8 @@ def _wrapper(original, raw, models_of):
 
 def apply(module, patcher) -> None:
     caller = logps_calls.find(module.GRPOTrainer)
+    if caller is None:  # the probe found one: only a class changed since could get here
+        raise RuntimeError("GRPOTrainer no longer has the log-prob function the probe found")
     if caller.kind == logps_calls.METHOD:
         models_of = lambda self, model: [model]  # noqa: E731
     else:  # nested in compute_loss, which also calls self.ref_model

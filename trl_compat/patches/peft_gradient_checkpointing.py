@@ -67,6 +67,7 @@ def _after(trainer, arguments) -> None:
         getattr(config, "gradient_checkpointing", False)
         and _uses_reentrant(config)
         and _is_peft_model(model)
+        and model is not None
         and callable(getattr(model, "enable_input_require_grads", None))
     ):
         model.enable_input_require_grads()

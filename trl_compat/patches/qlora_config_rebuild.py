@@ -95,7 +95,7 @@ class _Dataclasses(types.ModuleType):
 
 def view() -> types.ModuleType:
     shim = _Dataclasses("dataclasses", dataclasses.__doc__)
-    shim.replace = _replace
+    shim.replace = _replace  # type: ignore[attr-defined]  # the shim forwards the rest to dataclasses
     return shim
 
 

@@ -56,7 +56,8 @@ def accepts(model_cls: type) -> Optional[Accepts]:
     result = None
     forward = getattr(model_cls, "forward", None)
     try:
-        params = inspect.signature(forward).parameters  # follows __wrapped__ (4.49-4.51 shim)
+        # follows __wrapped__ (4.49-4.51 shim); no forward (None) raises TypeError, handled below
+        params = inspect.signature(forward).parameters  # type: ignore[arg-type]
     except (TypeError, ValueError):
         params = None
     if params is not None:

@@ -38,7 +38,7 @@ def prepare_model(model: Any) -> Optional[str]:
     accepted = accepts(type(inner))
     action = decide(accepted, trl)
     with LOCK:
-        if action in (RENAME, SLICE):
+        if action in (RENAME, SLICE) and accepted is not None:
             wrap(inner, accepted)
         key = f"{type(inner).__module__}.{type(inner).__qualname__}"
         if _decisions.get(key) != action:

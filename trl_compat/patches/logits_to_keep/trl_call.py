@@ -43,7 +43,7 @@ def _caller(trainer_cls) -> Tuple[str, Optional[str]]:
 def read_trl(module) -> Tuple[Optional[TrlCall], str]:
     """``(TrlCall, "")`` or ``(None, why not)`` for the loaded ``trl.trainer.grpo_trainer``."""
     caller, text = _caller(module.GRPOTrainer)
-    if not caller:
+    if not caller or text is None:
         return None, "GRPOTrainer has neither _get_per_token_logps nor a compute_loss with a nested get_per_token_logps"
     passed = set(_PASS_RE.findall(text))
     if len(passed) != 1:

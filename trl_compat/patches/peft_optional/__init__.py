@@ -101,7 +101,7 @@ def apply(module: types.ModuleType, patcher) -> None:
     trainer = getattr(module, "GRPOTrainer", None)
     if isinstance(trainer, type):
         try:
-            takes_peft_config = "peft_config" in inspect.signature(trainer.__init__).parameters
+            takes_peft_config = "peft_config" in inspect.signature(trainer.__init__).parameters  # type: ignore[misc]  # the class's own
         except (TypeError, ValueError):
             takes_peft_config = False
         if takes_peft_config:
