@@ -417,7 +417,7 @@ def base_python(work, name):
 def trl_releases():
     out = run([sys.executable, "-m", "pip", "index", "versions", "trl"]).stdout
     listed = re.search(r"Available versions: (.*)", out).group(1).split(", ")
-    return sorted((V(v) for v in listed if not V(v).is_prerelease and V(v) >= FIRST))
+    return sorted(V(v) for v in listed if not V(v).is_prerelease and V(v) >= FIRST)
 
 
 def wheel_requirements(wheel):

@@ -12,7 +12,6 @@ import importlib.util
 import json
 import platform
 import sys
-from typing import List, Optional
 
 import trl_compat
 from trl_compat import activation
@@ -62,7 +61,7 @@ def collect() -> dict:
     }
 
 
-def guard_description(trl: Optional[str]) -> dict:
+def guard_description(trl: str | None) -> dict:
     from trl_compat.guard._describe import describe
 
     return describe(trl)
@@ -75,7 +74,7 @@ def _has_grpo_trainer() -> bool:
         return False
 
 
-def trl_range(version: Optional[str], has_grpo: bool) -> dict:
+def trl_range(version: str | None, has_grpo: bool) -> dict:
     """Where the installed TRL lies against the releases trl_compat knows: ``{"version", "known",
     "where": "inside"|"older"|"newer"|"not installed"|"unreadable", "note"}`` (note: "" inside)."""
     known = f"{OLDEST_KNOWN_TRL} to {NEWEST_KNOWN_TRL}"
@@ -160,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "run":
         from trl_compat.activation.launcher import run

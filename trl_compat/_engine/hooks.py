@@ -21,12 +21,12 @@ import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
-    from typing import Any, Callable, Dict, List
+    from typing import Any, Callable
 
 # _thread, not threading: this runs at interpreter start-up, and threading is not loaded yet there
 _lock = _thread.RLock()
-_hooks: "Dict[str, List[Callable[[ModuleType], None]]]" = {}
-_before: "Dict[str, List[Callable[[], None]]]" = {}
+_hooks: "dict[str, list[Callable[[ModuleType], None]]]" = {}
+_before: "dict[str, list[Callable[[], None]]]" = {}
 _searching = _thread._local()  # names this thread's finder is asking the others about
 
 

@@ -29,7 +29,7 @@ from trl_compat._engine.versions import gate
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
-    from typing import Callable, List
+    from typing import Callable
 
     from trl_compat._engine.patch import Patch
 
@@ -173,14 +173,14 @@ def unregister(patch_id: str) -> None:
             REGISTRY.forget(patch_id)
 
 
-def stacking(attribute: str) -> List[str]:
+def stacking(attribute: str) -> list[str]:
     """The ids of the registered patches whose ``changes`` include ``attribute`` (absolute:
     ``"trl.trainer.grpo_trainer:GRPOTrainer.__init__"``), lowest first: the order they stack in,
     whatever order they are installed and reverted in."""
     return stacking_order(attribute, REGISTRY.patches())
 
 
-def _unique(patches: List[Patch]) -> List[Patch]:
+def _unique(patches: list[Patch]) -> list[Patch]:
     return list({p.id: p for p in patches}.values())
 
 
@@ -201,12 +201,12 @@ def _stacks_on(lower: Patch, upper: Patch) -> bool:
     return not set(declared(lower)).isdisjoint(declared(upper))
 
 
-def _stacked_above(moving: List[Patch]) -> List[Patch]:
+def _stacked_above(moving: list[Patch]) -> list[Patch]:
     """Applied patches, other than ``moving``, registered after one of them and stacking on it
     (:func:`_stacks_on`), and in turn those above them."""
     below = list(moving)
     seen = {p.id for p in moving}
-    above: List[Patch] = []
+    above: list[Patch] = []
     grew = True
     while grew:
         grew = False

@@ -10,8 +10,9 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
     from types import ModuleType
-    from typing import Any, Callable, Iterable, Mapping
+    from typing import Any, Callable
 
     from trl_compat._engine.patcher import Patcher
 

@@ -22,7 +22,6 @@ import logging
 import os
 import sys
 from types import FrameType
-from typing import Optional
 
 from trl_compat._engine import settings
 from trl_compat._engine.patch import _TROUBLE, APPLIED, DISABLED, TrlCompatError
@@ -100,7 +99,7 @@ def inside_trl_lazy_import() -> bool:
     TRL's ``_LazyModule._get_module`` turns any exception raised during that import into
     ``RuntimeError: Failed to import trl.trainer.grpo_trainer ...``: a strict-mode failure raised
     there would reach the user as TRL's error, its own message only in the chained cause."""
-    frame: Optional[FrameType] = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_name == "_get_module" and frame.f_globals.get("__name__") == "trl.import_utils":
             return True

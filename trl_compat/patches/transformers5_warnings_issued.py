@@ -49,7 +49,7 @@ class WarningsIssued:
         return instance.__dict__.setdefault("warnings_issued", {})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _mentions_warnings_issued(modeling_utils) -> bool:
     return "warnings_issued" in code(modeling_utils)  # ~280 kB of code: read once
 

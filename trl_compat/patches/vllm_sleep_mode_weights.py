@@ -77,7 +77,7 @@ RELOAD = 'collective_rpc("reload_weights")'
 FIXED_MARKER = "_llm_weights_sleeping"
 
 # engine -> _State, for the engines of patched trainers only
-_STATES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class _State:

@@ -75,7 +75,7 @@ from trl_compat.patches.zero3_unwrap.wrapper import has_guard, wrap_unwrap
 
 NAME = "unwrap_model_for_generation"
 BARE_CALL = "unwrap_model_for_generation(self.model,"
-_made: "weakref.WeakSet" = weakref.WeakSet()  # the wrappers this copy of trl_compat made
+_made: weakref.WeakSet = weakref.WeakSet()  # the wrappers this copy of trl_compat made
 
 
 def _grpo_code():

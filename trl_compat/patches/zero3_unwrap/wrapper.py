@@ -93,7 +93,7 @@ def _restore_hooks(model) -> None:
         )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _unguarded(remove_hooks) -> bool:
     """TRL's remove_hooks lacks 0.15's ``hasattr(model, "optimizer")`` guard (0.14.0)."""
     try:
