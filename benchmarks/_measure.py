@@ -17,7 +17,8 @@ import os
 import statistics
 import subprocess
 import time
-from typing import Callable, Dict, List, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Callable
 
 # For the environment of a child process that measures memory (see the module docstring).
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
@@ -38,7 +39,7 @@ def reset_peak() -> None:
         fh.write("5")
 
 
-def peak_extra(fn: Callable[[], object]) -> Tuple[object, int, float]:
+def peak_extra(fn: Callable[[], object]) -> tuple[object, int, float]:
     """``(result, peak extra bytes, wall seconds)`` of one call of ``fn``."""
     gc.collect()
     reset_peak()
@@ -49,13 +50,13 @@ def peak_extra(fn: Callable[[], object]) -> Tuple[object, int, float]:
     return result, status_bytes("VmHWM") - before, seconds
 
 
-def measure(fn: Callable[[], object], repeats: int, warmup: int = 1) -> Tuple[Dict[str, object], object]:
+def measure(fn: Callable[[], object], repeats: int, warmup: int = 1) -> tuple[dict[str, object], object]:
     """``fn`` ``warmup`` times unmeasured, then ``repeats`` times measured: ``({peak_bytes (highest),
     peak_bytes_all, seconds (median), seconds_all}, last result)``."""
     for _ in range(warmup):
         fn()
-    peaks: List[int] = []
-    times: List[float] = []
+    peaks: list[int] = []
+    times: list[float] = []
     result = None
     for _ in range(repeats):
         result, peak, seconds = peak_extra(fn)
@@ -64,7 +65,7 @@ def measure(fn: Callable[[], object], repeats: int, warmup: int = 1) -> Tuple[Di
     return dict(peak_bytes=max(peaks), peak_bytes_all=peaks, seconds=statistics.median(times), seconds_all=times), result
 
 
-def run_timed(cmd: Sequence[str], env: Dict[str, str]) -> Tuple[float, float]:
+def run_timed(cmd: Sequence[str], env: dict[str, str]) -> tuple[float, float]:
     """``(wall seconds, CPU seconds)`` of one child process, output discarded; it must exit 0.
     The CPU time (user + system, from ``wait4``) is what a loaded machine distorts least:
     waiting for a core is not counted."""
@@ -78,7 +79,7 @@ def run_timed(cmd: Sequence[str], env: Dict[str, str]) -> Tuple[float, float]:
     return wall, usage.ru_utime + usage.ru_stime
 
 
-def quartiles(values: Sequence[float]) -> Tuple[float, float]:
+def quartiles(values: Sequence[float]) -> tuple[float, float]:
     q = statistics.quantiles(values, n=4)
     return q[0], q[2]
 

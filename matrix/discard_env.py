@@ -14,7 +14,6 @@ import shutil
 import sys
 from pathlib import Path
 
-
 # The values every TRL_COMPAT_* switch accepts (trl_compat/_engine/settings.py); this script runs
 # where trl_compat may not be importable (a cell whose install failed), so they are repeated here
 # and tests/test_fixtures.py holds the two equal.
@@ -29,7 +28,10 @@ def keep_envs(raw):
     if value in OFF:
         return False
     if value not in ON:
-        print(f"TRL_COMPAT_KEEP_ENVS={raw!r} is not a recognised value (on: {', '.join(ON)}; off: {', '.join(OFF[:-1])} or unset); kept", file=sys.stderr)
+        print(
+            f"TRL_COMPAT_KEEP_ENVS={raw!r} is not a recognised value (on: {', '.join(ON)}; off: {', '.join(OFF[:-1])} or unset); kept",
+            file=sys.stderr,
+        )
     return True
 
 

@@ -17,7 +17,9 @@ With ``--trl-git PATH`` (a clone of TRL's git history, bare or not) it also buil
 main-branch commits the patch docstrings name (``COMMITS``: each dev build around a window's
 bound, on both sides of the fix, or of the commit that brought the bug) into the matching base
 venv and checks the statuses of the patches each entry lists against that table, kept
-independent of the probes (it says which fix commits each build contains); the other patches
+independent of the probes (it says which fix commits each build contains; for the 0.21 - 0.28
+builds, ``BUG_SPANS`` gives the commits that brought and fixed each bug, and ``git merge-base
+--is-ancestor`` on the clone says which the build contains, kept with the row); the other patches
 are judged by ``KNOWN`` on the build's dev version. An opt-in patch whose probe finds the bug
 reports "disabled" (the sweep sets no switch), which counts as applying. Without ``--trl-git``
 those rows are skipped, and SWEEP.md says so.
@@ -94,7 +96,8 @@ KNOWN = {
         _fixed_in(v, "0.26.2", "0.27.0") and V("4.50.0") <= _v(vs, "transformers") < V("5.0.0")
     ),
     "vllm-is-raw-logprobs": lambda v, vs: _v(vs, "vllm") is not None and V("0.23.0") <= v < V("0.24.0"),
-    "vllm-sleep-mode-weights": lambda v, vs: _v(vs, "vllm") is not None and v >= V("0.25.0"),
+    # fixed in 1.10.0 (PR #5313's _llm_weights_sleeping)
+    "vllm-sleep-mode-weights": lambda v, vs: _v(vs, "vllm") is not None and v >= V("0.25.0") and _fixed_in(v, "1.10.0", "1.10.0"),
     "scale-rewards-swapped": lambda v, vs: V("0.22.0") <= v and _fixed_in(v, "0.22.2", "0.23.0"),
     "prompt-right-truncation": lambda v, vs: V("0.24.0") <= v < V("0.26.0"),
     "tool-loop-retokenization": lambda v, vs: V("0.26.0") <= v and _fixed_in(v, "0.29.1", "1.0.0"),
@@ -255,647 +258,80 @@ COMMITS = [
     ("5522cc0a3", "PR #3687: _sync_fsdp2_params_to_vllm (PEFT names)", {"fsdp2-vllm-sync": True}),
 ]
 
-# TRL 0.21 - 0.28 main-branch builds around the fixes of issues 22 and 23 (tf4.57 base, vLLM stand-in 0.10.2):
-# each entry lists, for every patch below, whether its bug is in that commit's code, read from which
-# commits bringing and fixing it the build contains (git merge-base --is-ancestor):
-# generation-config-model-defaults -..8918c9836, scale-rewards-swapped fe44806b6..35702ce37, entropy-mask-gather-hang
-# 5d914a412..f4ff24840, qlora-peftmodel-frozen 65d7894b6..7e2075347, qlora-config-rebuild 65d7894b6..4c47b3281,
-# eval-before-train-ga 2324245ca..7c4b6f169, prompt-right-truncation 0e57b4a9d..ca21dd94c, vllm-double-bos -..cc578b6b1,
-# vllm-is-raw-logprobs 12fc85fd1..e086f073c, fsdp2-vllm-sync -..3979cccad, tools-empty-list-server ca21dd94c..26f989efa,
-# vllm-sleep-mode-weights 712f6a9c4..-
+# TRL 0.21 - 0.28 main-branch builds around the fixes of issues 22 and 23 (tf4.57 base, vLLM stand-in 0.10.2).
+# What each build must say is not written per build: it is read from TRL's git history when the build is
+# made (expected_at()): a patch's bug is in a build's code when the build contains the commit that brought
+# it (None: older than every build here) and not the commit that fixed it (None: not fixed on main).
+BUG_SPANS = {
+    "generation-config-model-defaults": (None, "8918c9836"),
+    "scale-rewards-swapped": ("fe44806b6", "35702ce37"),
+    "entropy-mask-gather-hang": ("5d914a412", "f4ff24840"),
+    "qlora-peftmodel-frozen": ("65d7894b6", "7e2075347"),
+    "qlora-config-rebuild": ("65d7894b6", "4c47b3281"),
+    "eval-before-train-ga": ("2324245ca", "7c4b6f169"),
+    "prompt-right-truncation": ("0e57b4a9d", "ca21dd94c"),
+    "vllm-double-bos": (None, "cc578b6b1"),
+    "vllm-is-raw-logprobs": ("12fc85fd1", "e086f073c"),
+    "fsdp2-vllm-sync": (None, "3979cccad"),
+    "tools-empty-list-server": ("ca21dd94c", "26f989efa"),
+    "vllm-sleep-mode-weights": ("712f6a9c4", None),
+}
 COMMITS_0_2X = [
-    (
-        "67763762b",
-        "0.21.0.dev0: Add 'Post training a VLM for reasoning with GRPO using T",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": False,
-            "qlora-peftmodel-frozen": False,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": False,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": True,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "5d914a412",
-        "0.21.0.dev0: [GRPO]: Fix Entropy Mask Threshold Calculation when usin",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": True,
-            "qlora-peftmodel-frozen": False,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": False,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": True,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "72d4d82b8",
-        "0.22.0.dev0: Add dataset mixer (#3791)",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": True,
-            "qlora-peftmodel-frozen": False,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": False,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": True,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "65d7894b6",
-        "0.22.0.dev0: Integrate PEFT model preparation across trainers and uti",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": True,
-            "qlora-peftmodel-frozen": True,
-            "qlora-config-rebuild": True,
-            "eval-before-train-ga": False,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": True,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "251c0488c",
-        "0.22.0.dev0: Wrapping the main execution code to avoid multi-processi",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": True,
-            "qlora-peftmodel-frozen": True,
-            "qlora-config-rebuild": True,
-            "eval-before-train-ga": False,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": True,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "fe44806b6",
-        "0.22.0.dev0: [GRPO] PPO Lite: Scale rewards by Std of Batch (#3935)",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": True,
-            "entropy-mask-gather-hang": True,
-            "qlora-peftmodel-frozen": True,
-            "qlora-config-rebuild": True,
-            "eval-before-train-ga": False,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": True,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "2324245ca",
-        "0.22.0.dev0: DAPO loss type (#3938)",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": True,
-            "entropy-mask-gather-hang": True,
-            "qlora-peftmodel-frozen": True,
-            "qlora-config-rebuild": True,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": True,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "92046bb97",
-        "0.23.0.dev0: Fix GRPO CLI by setting parameters for `get_soft_overlon",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": True,
-            "entropy-mask-gather-hang": True,
-            "qlora-peftmodel-frozen": True,
-            "qlora-config-rebuild": True,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": True,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "4c47b3281",
-        "0.23.0.dev0: `args.gradient_checkpointing = False` instead of `args =",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": True,
-            "entropy-mask-gather-hang": True,
-            "qlora-peftmodel-frozen": True,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": True,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "705306d78",
-        "0.23.0.dev0: Add Trackio integration documentation and update TOC (#3",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": True,
-            "entropy-mask-gather-hang": True,
-            "qlora-peftmodel-frozen": True,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": True,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "35702ce37",
-        "0.23.0.dev0: Fix scale_rewards issue in GRPO (#3992)",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": True,
-            "qlora-peftmodel-frozen": True,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": True,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "fdd6bda11",
-        "0.23.0.dev0: Add pre-commit and hf-doc-builder as dev dependencies (#",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": True,
-            "qlora-peftmodel-frozen": True,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": True,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "12fc85fd1",
-        "0.23.0.dev0: [GRPO] Truncated Importance Sampling to address rollout-",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": True,
-            "qlora-peftmodel-frozen": True,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": True,
-            "vllm-is-raw-logprobs": True,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "b8eb5c5d2",
-        "0.24.0.dev0: Improve docstring of AlignPropTrainer (#4059)",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": True,
-            "qlora-peftmodel-frozen": True,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": True,
-            "vllm-is-raw-logprobs": True,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "f4ff24840",
-        "0.24.0.dev0: [GRPO] Fix potential hang in `get_high_entropy_mask` (#4",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": False,
-            "qlora-peftmodel-frozen": True,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": True,
-            "vllm-is-raw-logprobs": True,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "20cc58d77",
-        "0.24.0.dev0: Enable XPU for vLLM client (#4031)",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": False,
-            "qlora-peftmodel-frozen": True,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": True,
-            "vllm-is-raw-logprobs": True,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "7e2075347",
-        "0.24.0.dev0: Fix get_peft_model() so that prepare_model_for_kbit_trai",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": False,
-            "qlora-peftmodel-frozen": False,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": True,
-            "vllm-is-raw-logprobs": True,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "e5d437ed7",
-        "0.24.0.dev0: Hotfix wrong formatting of docstrings with blockquote ti",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": False,
-            "qlora-peftmodel-frozen": False,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": True,
-            "vllm-is-raw-logprobs": True,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "e086f073c",
-        "0.24.0.dev0: Have vLLM return processed (temperature scaled) log prob",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": False,
-            "qlora-peftmodel-frozen": False,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": True,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "30cf68a97",
-        "0.24.0.dev0: Support mixing image+text and text-only examples (#4203)",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": False,
-            "qlora-peftmodel-frozen": False,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": True,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "cc578b6b1",
-        "0.24.0.dev0: [2/N] Refactor `_generate` in GRPO/RLOO: Use `prompt_ids",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": False,
-            "qlora-peftmodel-frozen": False,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": False,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "98488e094",
-        "0.24.0.dev0: Fix CI slow test ValueError: Unknown loss type: dapo (#4",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": False,
-            "qlora-peftmodel-frozen": False,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": False,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "0e57b4a9d",
-        "0.24.0.dev0: [3/N] Refactor `_generate` in GRPO/RLOO: Rely on generat",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": False,
-            "qlora-peftmodel-frozen": False,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": True,
-            "vllm-double-bos": False,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "1382e564b",
-        "0.25.0.dev0: [5/N] Refactor `_generate` in GRPO/RLOO: Insert images i",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": False,
-            "qlora-peftmodel-frozen": False,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": True,
-            "vllm-double-bos": False,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": False,
-        },
-    ),
-    (
-        "712f6a9c4",
-        "0.25.0.dev0: Switch to sleep level=2 and split wake-ups in GRPO and R",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": False,
-            "qlora-peftmodel-frozen": False,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": True,
-            "vllm-double-bos": False,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": True,
-        },
-    ),
-    (
-        "23da61d58",
-        "0.26.0.dev0: fix(PPO examples): passing model dict to models (#4630)",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": False,
-            "qlora-peftmodel-frozen": False,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": True,
-            "vllm-double-bos": False,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": True,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": True,
-        },
-    ),
-    (
-        "3979cccad",
-        "0.26.0.dev0: Fix FSDP2 model key miss match when sync LoRA model to v",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": False,
-            "qlora-peftmodel-frozen": False,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": True,
-            "vllm-double-bos": False,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": False,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": True,
-        },
-    ),
-    (
-        "fda5a7fcd",
-        "0.26.0.dev0: Move KTO to trl.experimental (#4575)",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": False,
-            "qlora-peftmodel-frozen": False,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": True,
-            "vllm-double-bos": False,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": False,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": True,
-        },
-    ),
-    (
-        "ca21dd94c",
-        "0.26.0.dev0: GRPO: Agent training (#4300)",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": False,
-            "qlora-peftmodel-frozen": False,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": False,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": False,
-            "tools-empty-list-server": True,
-            "vllm-sleep-mode-weights": True,
-        },
-    ),
-    (
-        "37ad7c2e7",
-        "0.27.0.dev0: Accounting for case `num_generations_eval=1` in the calc",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": False,
-            "qlora-peftmodel-frozen": False,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": False,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": False,
-            "tools-empty-list-server": True,
-            "vllm-sleep-mode-weights": True,
-        },
-    ),
-    (
-        "26f989efa",
-        "0.27.0.dev0: Fix vLLM error for tools usage not supported when runnin",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": False,
-            "qlora-peftmodel-frozen": False,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": False,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": False,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": True,
-        },
-    ),
-    (
-        "50bc2480f",
-        "0.27.0.dev0: Support async reward functions and parallelize call to r",
-        {
-            "generation-config-model-defaults": True,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": False,
-            "qlora-peftmodel-frozen": False,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": False,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": False,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": True,
-        },
-    ),
-    (
-        "8918c9836",
-        "0.27.0.dev0: Overwrite model default generation config used by model.",
-        {
-            "generation-config-model-defaults": False,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": False,
-            "qlora-peftmodel-frozen": False,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": False,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": False,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": True,
-        },
-    ),
-    (
-        "ef40b1b10",
-        "0.28.0.dev0: Fix CI with dev dependencies: Mark Qwen3-VL tests as xfa",
-        {
-            "generation-config-model-defaults": False,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": False,
-            "qlora-peftmodel-frozen": False,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": True,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": False,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": False,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": True,
-        },
-    ),
-    (
-        "7c4b6f169",
-        "0.28.0.dev0: Fix: undefined `current_gradient_accumulation_steps` (#4",
-        {
-            "generation-config-model-defaults": False,
-            "scale-rewards-swapped": False,
-            "entropy-mask-gather-hang": False,
-            "qlora-peftmodel-frozen": False,
-            "qlora-config-rebuild": False,
-            "eval-before-train-ga": False,
-            "prompt-right-truncation": False,
-            "vllm-double-bos": False,
-            "vllm-is-raw-logprobs": False,
-            "fsdp2-vllm-sync": False,
-            "tools-empty-list-server": False,
-            "vllm-sleep-mode-weights": True,
-        },
-    ),
+    ("67763762b", "0.21.0.dev0: Add 'Post training a VLM for reasoning with GRPO using T"),
+    ("5d914a412", "0.21.0.dev0: [GRPO]: Fix Entropy Mask Threshold Calculation when usin"),
+    ("72d4d82b8", "0.22.0.dev0: Add dataset mixer (#3791)"),
+    ("65d7894b6", "0.22.0.dev0: Integrate PEFT model preparation across trainers and uti"),
+    ("251c0488c", "0.22.0.dev0: Wrapping the main execution code to avoid multi-processi"),
+    ("fe44806b6", "0.22.0.dev0: [GRPO] PPO Lite: Scale rewards by Std of Batch (#3935)"),
+    ("2324245ca", "0.22.0.dev0: DAPO loss type (#3938)"),
+    ("92046bb97", "0.23.0.dev0: Fix GRPO CLI by setting parameters for `get_soft_overlon"),
+    ("4c47b3281", "0.23.0.dev0: `args.gradient_checkpointing = False` instead of `args ="),
+    ("705306d78", "0.23.0.dev0: Add Trackio integration documentation and update TOC (#3"),
+    ("35702ce37", "0.23.0.dev0: Fix scale_rewards issue in GRPO (#3992)"),
+    ("fdd6bda11", "0.23.0.dev0: Add pre-commit and hf-doc-builder as dev dependencies (#"),
+    ("12fc85fd1", "0.23.0.dev0: [GRPO] Truncated Importance Sampling to address rollout-"),
+    ("b8eb5c5d2", "0.24.0.dev0: Improve docstring of AlignPropTrainer (#4059)"),
+    ("f4ff24840", "0.24.0.dev0: [GRPO] Fix potential hang in `get_high_entropy_mask` (#4"),
+    ("20cc58d77", "0.24.0.dev0: Enable XPU for vLLM client (#4031)"),
+    ("7e2075347", "0.24.0.dev0: Fix get_peft_model() so that prepare_model_for_kbit_trai"),
+    ("e5d437ed7", "0.24.0.dev0: Hotfix wrong formatting of docstrings with blockquote ti"),
+    ("e086f073c", "0.24.0.dev0: Have vLLM return processed (temperature scaled) log prob"),
+    ("30cf68a97", "0.24.0.dev0: Support mixing image+text and text-only examples (#4203)"),
+    ("cc578b6b1", "0.24.0.dev0: [2/N] Refactor `_generate` in GRPO/RLOO: Use `prompt_ids"),
+    ("98488e094", "0.24.0.dev0: Fix CI slow test ValueError: Unknown loss type: dapo (#4"),
+    ("0e57b4a9d", "0.24.0.dev0: [3/N] Refactor `_generate` in GRPO/RLOO: Rely on generat"),
+    ("1382e564b", "0.25.0.dev0: [5/N] Refactor `_generate` in GRPO/RLOO: Insert images i"),
+    ("712f6a9c4", "0.25.0.dev0: Switch to sleep level=2 and split wake-ups in GRPO and R"),
+    ("23da61d58", "0.26.0.dev0: fix(PPO examples): passing model dict to models (#4630)"),
+    ("3979cccad", "0.26.0.dev0: Fix FSDP2 model key miss match when sync LoRA model to v"),
+    ("fda5a7fcd", "0.26.0.dev0: Move KTO to trl.experimental (#4575)"),
+    ("ca21dd94c", "0.26.0.dev0: GRPO: Agent training (#4300)"),
+    ("37ad7c2e7", "0.27.0.dev0: Accounting for case `num_generations_eval=1` in the calc"),
+    ("26f989efa", "0.27.0.dev0: Fix vLLM error for tools usage not supported when runnin"),
+    ("50bc2480f", "0.27.0.dev0: Support async reward functions and parallelize call to r"),
+    ("8918c9836", "0.27.0.dev0: Overwrite model default generation config used by model."),
+    ("ef40b1b10", "0.28.0.dev0: Fix CI with dev dependencies: Mark Qwen3-VL tests as xfa"),
+    ("7c4b6f169", "0.28.0.dev0: Fix: undefined `current_gradient_accumulation_steps` (#4"),
 ]
-COMMITS += COMMITS_0_2X
+
+
+def contains(git, ancestor, commit):
+    """Whether ``commit`` of TRL's history contains ``ancestor`` (git merge-base --is-ancestor)."""
+    found = subprocess.run(["git", "--git-dir", str(git), "merge-base", "--is-ancestor", ancestor, commit], capture_output=True)
+    if found.returncode not in (0, 1):
+        raise RuntimeError(f"git merge-base --is-ancestor {ancestor} {commit}: {found.stderr.decode().strip()}")
+    return found.returncode == 0
+
+
+def expected_at(git, commit):
+    """Patch id -> whether its bug is in ``commit``'s code, for every patch of BUG_SPANS."""
+    return {
+        pid: (brought is None or contains(git, brought, commit)) and (fixed is None or not contains(git, fixed, commit))
+        for pid, (brought, fixed) in BUG_SPANS.items()
+    }
+
+
+COMMITS += [(commit, label, None) for commit, label in COMMITS_0_2X]  # None: expected_at() when built
 
 CHECK = r"""
 import json, traceback
@@ -960,8 +396,9 @@ BASES = {
         "packaging",
         "rich",
     ],
-    # requests: TRL 1.0 - 1.14's vllm_client imports it without declaring it
-    "tf5": lambda: pins("trl-newest") + ["rich", "requests"],
+    # requests: TRL 1.0 - 1.14's vllm_client imports it without declaring it; the vLLM stand-in as a
+    # vLLM every 1.x release accepts, so that the 1.x rows judge the vLLM patches' probes (sleep mode)
+    "tf5": lambda: pins("trl-newest") + ["rich", "requests", str(ROOT / "tests" / "vllm_standin" / "v0.17.0")],
 }
 
 
@@ -980,7 +417,7 @@ def base_python(work, name):
 def trl_releases():
     out = run([sys.executable, "-m", "pip", "index", "versions", "trl"]).stdout
     listed = re.search(r"Available versions: (.*)", out).group(1).split(", ")
-    return sorted((V(v) for v in listed if not V(v).is_prerelease and V(v) >= FIRST))
+    return sorted(V(v) for v in listed if not V(v).is_prerelease and V(v) >= FIRST)
 
 
 def wheel_requirements(wheel):
@@ -1073,7 +510,10 @@ def sweep_commit(work, git, commit):
     dev = source_version(src)
     python = base_python(work, choose_base(work, dev, []))
     run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(src)])
-    return check(python, f"{dev}@{commit}", choose_base(work, dev, []))
+    row = check(python, f"{dev}@{commit}", choose_base(work, dev, []))
+    # kept with the row: --no-run judges it again without the clone
+    row["expect"] = next(e for c, _, e in COMMITS if c == commit) or expected_at(git, commit)
+    return row
 
 
 def finds_bug(rec):
@@ -1091,7 +531,7 @@ def judge(row):
     version, _, commit = row["version"].partition("@")
     v = V(version)
     versions = row.get("versions", {})
-    expect = next((e for c, _, e in COMMITS if c == commit), {}) if commit else {}
+    expect = (row.get("expect") or next((e for c, _, e in COMMITS if c == commit), None) or {}) if commit else {}
     problems = []
     if row["crash"]:
         problems.append("CRASH")

@@ -55,6 +55,7 @@ def _vllm_engine_choice_per_test():
 STACK_FREE = (
     "tests/engine/test_lifecycle.py",
     "tests/engine/test_logs.py",
+    "tests/engine/test_patch_modules.py",
     "tests/engine/test_patcher.py",
     "tests/engine/test_probe_text.py",
     "tests/engine/test_versions.py",
@@ -63,6 +64,7 @@ STACK_FREE = (
     "tests/helpers/test_source.py",
     "tests/helpers/test_zero3.py",
     "tests/test_release.py",
+    "tests/test_matrix.py",
     "tests/test_selection.py",
 )
 PACKAGE = ("tests/package",)

@@ -39,7 +39,19 @@ def requirement_lines(path):
 # What the example does not use, so does not install: the vLLM stand-in, and DeepSpeed with the
 # packages only DeepSpeed 0.16.3 pulls in (its requirements: einops, hjson, msgpack, ninja,
 # py-cpuinfo, pydantic; numpy, packaging, psutil, torch and tqdm stay: others need them too).
-NOT_USED = ("./tests/vllm_standin", "deepspeed", "einops", "hjson", "msgpack", "ninja", "py-cpuinfo", "pydantic", "pydantic_core", "annotated-types", "typing-inspection")
+NOT_USED = (
+    "./tests/vllm_standin",
+    "deepspeed",
+    "einops",
+    "hjson",
+    "msgpack",
+    "ninja",
+    "py-cpuinfo",
+    "pydantic",
+    "pydantic_core",
+    "annotated-types",
+    "typing-inspection",
+)
 
 
 def test_example_pins_are_the_cell_without_what_it_does_not_use():

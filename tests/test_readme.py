@@ -73,23 +73,30 @@ def test_windows_read_as_people_write_them(tool, requires, shown):
 
 
 @pytest.mark.parametrize(
-    "upstream, shown",
+    "upstream, fixed_in, shown",
     [
         (
             "https://github.com/huggingface/trl/issues/3287 (fixed by PR #3290 in 0.17.0)",
+            {"trl": "0.17.0"},
             "TRL 0.17.0 ([TRL issue #3287](https://github.com/huggingface/trl/issues/3287))",
         ),
         (
-            "https://github.com/huggingface/trl/issues/2849 (PeftModel NameError, fixed by PR #2850 before 0.15.0); "
-            "get_peft_model NameError fixed by PR #2848 in 0.16.0",
-            "TRL 0.16.0 ([TRL issue #2849](https://github.com/huggingface/trl/issues/2849))",
+            "https://github.com/vllm-project/vllm/pull/28471 (fixed in vLLM 0.11.1; TRL shims it from 0.26.0)",
+            {"vllm": "0.11.1", "trl": "0.26.0"},
+            "vLLM 0.11.1; TRL 0.26.0 ([vllm PR #28471](https://github.com/vllm-project/vllm/pull/28471))",
         ),
         (
             "https://github.com/huggingface/trl/issues/3115 (never fixed in-process; server mode in 0.16.0)",
+            {},
             "not fixed ([TRL issue #3115](https://github.com/huggingface/trl/issues/3115))",
         ),
-        ("none for TRL 0.14-0.19; TRL 0.20's rewrite (PR #3072) no longer passes it", "none for TRL 0.14-0.19"),
+        ("none for TRL 0.14-0.19; TRL 0.20's rewrite (PR #3072) no longer passes it", None, "none for TRL 0.14-0.19"),
+        (
+            "https://github.com/huggingface/trl/issues/2770 (name mismatch); more",
+            None,
+            "[TRL issue #2770](https://github.com/huggingface/trl/issues/2770)",
+        ),
     ],
 )
-def test_upstream_is_shortened_to_the_fixing_release(tool, upstream, shown):
-    assert tool.render_upstream(upstream) == shown
+def test_upstream_is_shortened_to_the_fixing_release(tool, upstream, fixed_in, shown):
+    assert tool.render_upstream(upstream, fixed_in) == shown

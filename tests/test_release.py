@@ -22,10 +22,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import trl_compat
 from trl_compat._engine import pep440, settings
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

@@ -4,7 +4,8 @@ The table sits between the marker comments ``<!-- patch-table:start -->`` and
 ``<!-- patch-table:end -->``; everything else in README is left as it is. One row per patch, in
 registry order: its id, what a user sees without it (``symptom``; ``summary`` while an entry has
 no symptom yet), the versions it is checked on (``requires``, rendered for people), and where it
-was fixed upstream (``upstream``, shortened). Needs no TRL: the registry is plain data.
+was fixed upstream (``fixed_in``, with a link to ``upstream``'s first issue or PR; an entry that
+declares no ``fixed_in`` shows ``upstream``'s first clause). Needs no TRL: the registry is plain data.
 
 usage: python tools/write_readme_table.py            rewrite the table in README.md
        python tools/write_readme_table.py --check    exit 1 if README.md's table is stale
@@ -27,15 +28,6 @@ DISPLAY_NAMES = {"trl": "TRL", "vllm": "vLLM", "deepspeed": "DeepSpeed"}
 _CLAUSE = re.compile(r"^\s*(>=|<=|==|<|>)\s*([0-9][0-9A-Za-z.+!-]*)\s*$")
 _RELEASE = re.compile(r"^(\d+(?:\.\d+)*)")
 _URL = re.compile(r"https://github\.com/([^/\s]+)/([^/\s]+)/(pull|issues)/(\d+)")
-# "fixed in 0.18.2", "fixed by PR #3290 in 0.17.0", "removed the line in 0.28.0", "TRL 0.29.0 stops ...";
-# not "fixed by PR #2850 before 0.15.0" (what follows the fix is not its release).
-_FIXED_IN = (
-    re.compile(r"\b(?:fixed|removed)\b(?: by [^;()]*?| the [^;()]*?)? in (?:TRL )?(\d+\.\d+(?:\.\d+)?)\b"),
-    re.compile(r"\bTRL (\d+\.\d+\.\d+) (?:stops|no longer|fixes)\b"),
-    re.compile(r"\bfixed in TRL by [^;(]*\((\d+\.\d+(?:\.\d+)?)\b"),  # "fixed in TRL by PR #3283 (0.17.0, ...)"
-    re.compile(r"\bTRL [^;()]*? from (\d+\.\d+\.\d+)\b"),  # "TRL handles both names from 0.16.0"
-)
-_NEVER_FIXED = re.compile(r"\bnever fixed\b")
 
 
 def _release(version):
@@ -111,18 +103,16 @@ def _link(match):
     return f"[{label} {'PR' if kind == 'pull' else 'issue'} #{number}]({match.group(0)})"
 
 
-def render_upstream(upstream):
-    """Short: the release that fixed it and a link to the issue or PR, e.g. ``TRL 0.17.0
-    ([TRL issue #3287](...))``; where no release is named, the first clause of the text."""
+def render_upstream(upstream, fixed_in=None):
+    """Short: the releases that fixed it (``fixed_in``) and a link to the first issue or PR of
+    ``upstream``, e.g. ``TRL 0.17.0 ([TRL issue #3287](...))``; ``not fixed (...)`` for ``{}``;
+    where ``fixed_in`` is not declared (None), the first clause of ``upstream``."""
+    if fixed_in is None:
+        return _URL.sub(_link, _first_clause(upstream))
     first_url = _URL.search(upstream)
-    link = _link(first_url) if first_url else ""
-    for pattern in _FIXED_IN:
-        fixed = pattern.search(upstream)
-        if fixed:
-            return f"TRL {fixed.group(1)}" + (f" ({link})" if link else "")
-    if _NEVER_FIXED.search(upstream):
-        return "not fixed" + (f" ({link})" if link else "")
-    return _URL.sub(_link, _first_clause(upstream))
+    link = f" ({_link(first_url)})" if first_url else ""
+    releases = "; ".join(f"{DISPLAY_NAMES.get(dist, dist)} {version}" for dist, version in fixed_in.items())
+    return (releases or "not fixed") + link
 
 
 def _first_clause(text):
@@ -150,7 +140,8 @@ def table(patches):
     for patch in patches:
         seen = patch.symptom or patch.summary
         lines.append(
-            f"| `{patch.id}` | {_cell(seen)} | {_cell(render_requires(patch.requires))} | {_cell(render_upstream(patch.upstream))} |"
+            f"| `{patch.id}` | {_cell(seen)} | {_cell(render_requires(patch.requires))} "
+            f"| {_cell(render_upstream(patch.upstream, patch.fixed_in))} |"
         )
     return "\n".join(lines) + "\n"
 

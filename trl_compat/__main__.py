@@ -12,7 +12,6 @@ import importlib.util
 import json
 import platform
 import sys
-from typing import List, Optional
 
 import trl_compat
 from trl_compat import activation
@@ -63,7 +62,7 @@ def collect() -> dict:
     }
 
 
-def guard_description(trl: Optional[str]) -> dict:
+def guard_description(trl: str | None) -> dict:
     from trl_compat.guard._describe import describe
 
     return describe(trl)
@@ -76,7 +75,7 @@ def _has_grpo_trainer() -> bool:
         return False
 
 
-def trl_range(version: Optional[str], has_grpo: bool) -> dict:
+def trl_range(version: str | None, has_grpo: bool) -> dict:
     """Where the installed TRL lies against the releases trl_compat knows: ``{"version", "known",
     "where": "inside"|"older"|"newer"|"not installed"|"unreadable", "note"}`` (note: "" inside)."""
     known = f"{OLDEST_KNOWN_TRL} to {NEWEST_KNOWN_TRL}"
@@ -120,10 +119,21 @@ def headline(version: str, trl: dict) -> str:
 # The statuses the counts line always shows, in its order; any other status present follows.
 COUNTED = ("applied", "not needed", "disabled", "undecided")
 # The order of the report's rows: what acts on this run first, what needs a look next, the rest after.
-ROW_ORDER = ("applied", "failed", "conflict", "target missing", "unknown version", "undecided", "disabled", "pending", "reverted", "not needed")
+ROW_ORDER = (
+    "applied",
+    "failed",
+    "conflict",
+    "target missing",
+    "unknown version",
+    "undecided",
+    "disabled",
+    "pending",
+    "reverted",
+    "not needed",
+)
 
 
-def counts(records: List[dict]) -> dict:
+def counts(records: list[dict]) -> dict:
     """How many patches have each status: the four :data:`COUNTED` always, then any other present."""
     found = {status: 0 for status in COUNTED}
     for row in records:
@@ -187,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "run":
         from trl_compat.activation.launcher import run

@@ -6,7 +6,8 @@ what an applied patch changed. Not for use outside tests."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from collections.abc import Iterator
+from typing import Any, Callable
 
 from trl_compat._engine.lifecycle import unregister
 from trl_compat._engine.patch import Patch
@@ -15,13 +16,13 @@ from trl_compat._engine.state import REGISTRY
 __all__ = ["changed_owners", "forced", "forget", "restore", "snapshot"]
 
 
-def snapshot() -> Dict[str, Patch]:
+def snapshot() -> dict[str, Patch]:
     """The registered declarations, by id, in registration order."""
     with REGISTRY.lock:
         return {patch.id: patch for patch in REGISTRY.patches()}
 
 
-def restore(saved: Dict[str, Patch]) -> None:
+def restore(saved: dict[str, Patch]) -> None:
     """Put back the declarations of ``saved``: a patch registered since is reverted and
     forgotten, a declaration swapped since is put back, a patch forgotten since is registered
     again (last). What is applied stays as it is: ``install()`` or ``revert()`` after this."""
@@ -37,7 +38,7 @@ def restore(saved: Dict[str, Patch]) -> None:
 
 
 @contextlib.contextmanager
-def forced(patch_id: str, probe: Optional[Callable[..., Any]] = None, apply: Optional[Callable[..., Any]] = None) -> Iterator[Patch]:
+def forced(patch_id: str, probe: Callable[..., Any] | None = None, apply: Callable[..., Any] | None = None) -> Iterator[Patch]:
     """Within the block, the registered patch ``patch_id`` probes with ``probe`` and/or applies
     with ``apply`` (the other one stays its own); its declaration comes back on exit. Its state
     is kept: ``install(patch_id)`` inside the block runs the forced functions."""
@@ -56,13 +57,13 @@ def forget(patch_id: str) -> None:
     REGISTRY.forget(patch_id)
 
 
-def changed_owners() -> List[Any]:
+def changed_owners() -> list[Any]:
     """The modules and classes whose attributes the applied patches changed."""
     with REGISTRY.lock:
         owners = [owner for patch_id in REGISTRY for owner in _owners(patch_id)]
     return list({id(owner): owner for owner in owners}.values())
 
 
-def _owners(patch_id: str) -> List[Any]:
+def _owners(patch_id: str) -> list[Any]:
     patcher = REGISTRY.state(patch_id).patcher
     return patcher.owners() if patcher is not None else []

@@ -318,14 +318,16 @@ def test_wheel_carries_the_site_files_and_the_switch_works_in_a_fresh_venv(tmp_p
     # Python >= 3.15 (PEP 829) calls trl_compat.start's entry point instead of the .pth's import line.
     with open(os.path.join(purelib, "trl_compat.start")) as fh:
         entry = fh.read().strip()
-    call = "import pkgutil, sys; pkgutil.resolve_name(%r)(); print('trl_compat' in sys.modules)" % entry
+    call = f"import pkgutil, sys; pkgutil.resolve_name({entry!r})(); print('trl_compat' in sys.modules)"
     for value, expected in (("1", "True"), ("", "False")):
         out = subprocess.run(
             [
                 python,
                 "-S",
                 "-c",
-                "import site, sys; sys.path.append(%r); sys.path.append(%r); %s" % (purelib, sysconfig.get_paths()["purelib"], call),
+                "import site, sys; sys.path.append({!r}); sys.path.append({!r}); {}".format(
+                    purelib, sysconfig.get_paths()["purelib"], call
+                ),
             ],
             env=base_env(TRL_COMPAT_AUTO=value),
             capture_output=True,

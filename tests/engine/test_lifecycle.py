@@ -263,6 +263,20 @@ def test_probe_verdicts(fake_pkg, make_patch):
     assert reasons[fixed.id] == "fixed upstream" and reasons[unsure.id] == "cannot tell"
 
 
+def test_an_advice_entry_that_finds_its_bug_is_undecided_and_never_applies(fake_pkg, make_patch, calls):
+    mod = importlib.import_module(fake_pkg)
+    fix = make_patch(fake_pkg)  # bug found, wraps Trainer.step
+    advice = fix.replace(id=fix.id + "-advice", kind="advice")
+    engine.register(advice)
+    try:
+        trl_compat.install(advice.id)
+        assert trl_compat.status(advice.id) == trl_compat.UNDECIDED
+        assert "advice only" in {r.id: r.reason for r in trl_compat.report()}[advice.id]
+        assert mod.Trainer().step(1) == ("base", 1) and calls == []  # its apply never ran
+    finally:
+        engine.unregister(advice.id)
+
+
 @pytest.mark.parametrize("value", ["one-id", "*", " x , one-id "])
 def test_disable(fake_pkg, monkeypatch, value, make_patch):
     mod = importlib.import_module(fake_pkg)
@@ -422,3 +436,52 @@ def test_import_loads_no_patch_module_until_its_trigger_module_is_imported(tmp_p
         applied = {pid for pid, status, _ in facts["report"] if status == trl_compat.APPLIED}  # none on the newest TRL
         assert {codes[pid] for pid in applied} <= set(facts["after"])
         assert {codes[pid] for pid in gated_out}.isdisjoint(facts["after"])
+
+
+LAZY = """
+import json, sys
+import trl_compat
+out = {"startup": sorted(m for m in sys.modules if m.startswith("trl_compat"))}
+import tcfake_lazy.trainer  # a module of no interest to trl_compat: nothing loads
+out["other import"] = sorted(m for m in sys.modules if m.startswith("trl_compat"))
+import trl  # the stand-in package below: the registry loads before its code runs
+out["trl saw"] = trl.SEEN
+out["report"] = len(trl_compat.report())
+print(json.dumps(out))
+""".strip()
+
+
+def test_import_watches_for_trl_and_loads_the_registry_before_its_code_runs(tmp_path):
+    """``import trl_compat`` imports the package, the engine's package and its hooks module, no more;
+    the registry, the settings and the patches' gates load when ``trl`` is about to be imported:
+    ``trl``'s own code already finds every patch registered and gated."""
+    (tmp_path / "trl").mkdir()
+    (tmp_path / "trl" / "__init__.py").write_text(
+        "import sys\nSEEN = len(sys.modules['trl_compat._engine.state'].REGISTRY._patches)\n"
+    )
+    (tmp_path / "tcfake_lazy").mkdir()
+    (tmp_path / "tcfake_lazy" / "__init__.py").write_text("")
+    (tmp_path / "tcfake_lazy" / "trainer.py").write_text("")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRL_COMPAT_AUTO", "TRL_COMPAT_GUARD")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), os.path.dirname(os.path.dirname(trl_compat.__file__))])
+    out = subprocess.run([sys.executable, "-c", LAZY], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    facts = json.loads(out.stdout.splitlines()[-1])
+    assert facts["startup"] == ["trl_compat", "trl_compat._engine", "trl_compat._engine.hooks"]
+    assert facts["other import"] == facts["startup"]
+    assert facts["trl saw"] == len(PATCHES) == facts["report"]
+
+
+def test_a_bad_setting_is_told_when_trl_is_imported(tmp_path):
+    """Deferred with the registry: a TRL_COMPAT_* value that is not accepted is said on stderr
+    when trl_compat first reads it, at TRL's import (not at ``import trl_compat``)."""
+    (tmp_path / "trl").mkdir()
+    (tmp_path / "trl" / "__init__.py").write_text("")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRL_COMPAT_AUTO", "TRL_COMPAT_GUARD")}
+    source = os.path.dirname(os.path.dirname(trl_compat.__file__))
+    env.update(TRL_COMPAT_STRICT="enabled", PYTHONPATH=os.pathsep.join([str(tmp_path), source]))
+    code = "import sys, trl_compat; sys.stderr.write('<imported>'); import trl"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    before, _, after = out.stderr.partition("<imported>")
+    assert "TRL_COMPAT_STRICT='enabled' is not a recognised value" in after and "TRL_COMPAT_STRICT" not in before

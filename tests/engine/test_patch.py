@@ -67,7 +67,9 @@ def test_impl_is_imported_only_when_the_probe_is_called(tmp_path, monkeypatch):
 
 def test_repr_and_equality_name_every_field():
     patch = Patch(**FIELDS)
-    assert repr(patch).startswith("Patch(id='test-decl', summary='s', symptom='', upstream='u', trigger='x.mod'")
+    assert repr(patch).startswith(
+        "Patch(id='test-decl', kind='fix', summary='s', symptom='', upstream='u', fixed_in=None, trigger='x.mod'"
+    )
     assert patch == Patch(**FIELDS) and patch != Patch(**dict(FIELDS, must_exist="Other"))
     with pytest.raises(TypeError):
         hash(patch)
@@ -86,3 +88,27 @@ def test_patch_status_as_dict_is_the_report_row():
         "upstream": "",
     }
     assert record == PatchStatus(**record.as_dict())
+
+
+def test_the_fields_most_entries_share_are_defaults():
+    """An entry that names no trigger, target or module: the GRPO trainer's module and class, and
+    the patch module named after its id (dashes as underscores, dots dropped)."""
+    bare = {k: v for k, v in FIELDS.items() if k not in ("trigger", "must_exist")}
+    patch = Patch(**dict(bare, id="grpo-eval-0.14"))
+    assert (patch.trigger, patch.must_exist) == ("trl.trainer.grpo_trainer", "GRPOTrainer")
+    assert patch.impl == "trl_compat.patches.grpo_eval_014" and patch.kind == "fix" and patch.fixed_in is None
+    # given functions, no module is derived: the functions are the patch's
+    probe = lambda module: needed("given")  # noqa: E731
+    given = Patch(**bare, probe=probe, apply=lambda module, patcher: None)
+    assert given.impl == "" and given.probe is probe
+    # explicit values stay valid, and win
+    explicit = Patch(**FIELDS, impl="trl_compat.patches.other")
+    assert (explicit.trigger, explicit.must_exist, explicit.impl) == ("x.mod", "Cls.meth", "trl_compat.patches.other")
+
+
+def test_kind_and_fixed_in():
+    advice = Patch(**FIELDS, kind="advice", fixed_in={"vllm": "0.11.1"})
+    assert advice.kind == "advice" and advice.fixed_in == {"vllm": "0.11.1"}
+    assert Patch(**FIELDS, fixed_in={}).fixed_in == {}  # never fixed upstream
+    with pytest.raises(ValueError, match="kind='advise' is not one of fix, advice"):
+        Patch(**FIELDS, kind="advise")

@@ -45,7 +45,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -111,7 +111,7 @@ def standin_vllm_installed() -> bool:
     return bool(getattr(vllm, "__stand_in__", False))
 
 
-def vllm_unsupported_reason() -> Optional[str]:
+def vllm_unsupported_reason() -> str | None:
     """``None`` if ``make_trainer(use_vllm=True)`` can run here, else why not."""
     import trl
 
@@ -150,7 +150,7 @@ def real_vllm_installed() -> bool:
     return not getattr(vllm, "__stand_in__", False)
 
 
-def real_vllm_unsupported_reason() -> Optional[str]:
+def real_vllm_unsupported_reason() -> str | None:
     """``None`` if ``make_trainer(use_vllm=True)`` can run on the real vLLM installed here:
     TRL 0.14/0.15 build ``LLM(...)`` in process (``vllm_device="cpu"``), TRL >= 0.18 in
     ``vllm_mode="colocate"``; 0.16/0.17 only talk to a vLLM server over NCCL."""
@@ -211,7 +211,7 @@ def grpo_config_fields() -> set[str]:
     return {f.name for f in dataclasses.fields(GRPOConfig)}
 
 
-def make_config(output_dir: Union[str, os.PathLike], *, steps: int = 3, use_vllm: Union[bool, str] = False, **overrides: Any):
+def make_config(output_dir: str | os.PathLike, *, steps: int = 3, use_vllm: bool | str = False, **overrides: Any):
     """A ``GRPOConfig`` with this module's defaults; returns ``(config, dropped_keys)``.
     ``use_vllm="server"``: TRL >= 0.16's ``vllm_mode="server"`` (no colocate fields)."""
     from trl import GRPOConfig
@@ -280,13 +280,13 @@ def _resolve_model(tmpdir: str, model: Any, use_vllm: bool):
 
 
 def make_trainer(
-    tmpdir: Union[str, os.PathLike],
+    tmpdir: str | os.PathLike,
     *,
     model: Any = "qwen2",
     peft: bool = False,
-    use_vllm: Union[bool, str] = False,
+    use_vllm: bool | str = False,
     steps: int = 3,
-    reward_funcs: Optional[Union[Callable, list]] = None,
+    reward_funcs: Callable | list | None = None,
     train_dataset: Any = None,
     processing_class: Any = None,
     peft_config: Any = None,
@@ -340,7 +340,7 @@ def trainable_snapshot(trainer) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone().cpu() for n, p in trainer.model.named_parameters() if p.requires_grad}
 
 
-def changed_trainable(trainer, before: Optional[dict[str, torch.Tensor]] = None) -> list[str]:
+def changed_trainable(trainer, before: dict[str, torch.Tensor] | None = None) -> list[str]:
     """Names of trainable parameters that differ from ``before`` (default: the snapshot
     ``run_grpo`` took before training, ``trainer.tiny_initial_trainable``)."""
     before = before if before is not None else trainer.tiny_initial_trainable
@@ -352,7 +352,7 @@ def train_losses(log_history: list[dict]) -> list[float]:
     return [float(e["loss"]) for e in log_history if "loss" in e]
 
 
-def run_grpo(tmpdir: Union[str, os.PathLike], **kwargs: Any):
+def run_grpo(tmpdir: str | os.PathLike, **kwargs: Any):
     """``make_trainer(tmpdir, **kwargs)`` then ``train()``; returns ``(trainer, log_history)``.
 
     Before training, the trainable parameters are copied to ``trainer.tiny_initial_trainable``

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
-from typing import Callable, Optional, Tuple
+from typing import Callable
 
 import pytest
 
 HAVE_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
 
 
-def vllm_run_or_skip(versions: Optional[Callable[[Tuple[int, ...]], bool]] = None, patch_id: Optional[str] = None) -> Tuple[int, ...]:
+def vllm_run_or_skip(versions: Callable[[tuple[int, ...]], bool] | None = None, patch_id: str | None = None) -> tuple[int, ...]:
     """Skip unless a GRPO run with vLLM (the stand-in or a real engine) can run here, the installed
     TRL's (major, minor) passes ``versions`` and the patch ``patch_id`` applies in this cell.
     Returns TRL's (major, minor)."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
-from typing import Any, Optional
+from typing import Any
 
 
 def _installed_version() -> tuple[int, ...]:
@@ -51,7 +51,7 @@ for _name in _SET_HERE:
     os.environ[_name] = _ENGINE_ENV[_name]
 
 
-def _device() -> tuple[Optional[str], str]:
+def _device() -> tuple[str | None, str]:
     if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("torch") is None:
         return None, "vllm is not installed"
     import torch
@@ -84,7 +84,7 @@ if DEVICE == "cpu":
         _registry._run_in_subprocess = lambda fn: fn()
 
 
-def skip_reason() -> Optional[str]:
+def skip_reason() -> str | None:
     return _REASON or None
 
 

@@ -25,7 +25,8 @@ from an in-code config, and the dataset is made in memory.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 

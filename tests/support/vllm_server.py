@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import pytest
 
@@ -69,7 +69,7 @@ def group_members(pgid: int) -> list[int]:
 
 
 class VllmServer:
-    def __init__(self, process: subprocess.Popen, port: int, log: pathlib.Path, events: Optional[pathlib.Path], model_dir=None):
+    def __init__(self, process: subprocess.Popen, port: int, log: pathlib.Path, events: pathlib.Path | None, model_dir=None):
         self.process, self.port, self.log, self.events_file = process, port, log, events
         self.model_dir = None if model_dir is None else str(model_dir)
         self.stopped = False
@@ -81,9 +81,9 @@ class VllmServer:
         tmp_dir,
         extra_args: Sequence[str] = (),
         record: bool = True,
-        env: Optional[dict] = None,
-        command: Optional[Sequence[str]] = None,
-    ) -> "VllmServer":
+        env: dict | None = None,
+        command: Sequence[str] | None = None,
+    ) -> VllmServer:
         """Start the server (``command`` replaces ``trl vllm-serve ...``: for testing this class)."""
         tmp_dir = pathlib.Path(tmp_dir)
         tmp_dir.mkdir(parents=True, exist_ok=True)

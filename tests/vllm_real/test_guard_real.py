@@ -15,26 +15,13 @@ from __future__ import annotations
 
 import gc
 
-import pytest
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("vllm")
-import real_vllm  # sets VLLM_USE_V1=0, VLLM_CPU_KVCACHE_SPACE=1 before vLLM is imported
-
-if real_vllm.skip_reason():
-    pytest.skip(real_vllm.skip_reason(), allow_module_level=True)
-if real_vllm.DEVICE != "cpu":
-    pytest.skip("grpo_run trains on the CPU with vllm_device='cpu' (a vLLM CPU build)", allow_module_level=True)
-pytest.importorskip("trl")
-
-import trl_compat
+import trl_compat  # conftest.py's skip rule holds here
 from trl_compat import guard as offpolicy
+
+import pytest
 
 import grpo_run
 import tiny
-
-if grpo_run.real_vllm_unsupported_reason():
-    pytest.skip(grpo_run.real_vllm_unsupported_reason(), allow_module_level=True)
 
 MINOR = grpo_run.trl_version()[:2]
 MAX_PROMPT = 16

@@ -35,17 +35,12 @@ VLLM, TRL = installed("vllm"), installed("trl")
 if VLLM is None or Version(VLLM.base_version) < Version("0.10.0") or TRL is None or TRL < Version("0.23.0"):
     pytest.skip("needs a real vLLM >= 0.10 (logprobs_mode) and TRL >= 0.23 (importance sampling)", allow_module_level=True)
 
-torch = pytest.importorskip("torch")
-import real_vllm  # VLLM_ENABLE_V1_MULTIPROCESSING=0, VLLM_CPU_KVCACHE_SPACE=1 before vLLM is imported
-
-if real_vllm.skip_reason():
-    pytest.skip(real_vllm.skip_reason(), allow_module_level=True)
-if real_vllm.DEVICE != "cpu":
-    pytest.skip("grpo_run trains on the CPU (a vLLM CPU build)", allow_module_level=True)
-
 import trl_compat
 
+import torch
+
 import grpo_run
+import real_vllm  # conftest.py's skip rule holds here (it set vLLM's environment before vLLM's import)
 import tiny
 
 PATCH_ID = "vllm-is-raw-logprobs"

@@ -25,26 +25,14 @@ from __future__ import annotations
 
 import gc
 
-import pytest
-
-pytest.importorskip("torch")
-pytest.importorskip("vllm")
-import real_vllm  # VLLM_USE_V1=0, VLLM_CPU_KVCACHE_SPACE=1
-
-if real_vllm.skip_reason():
-    pytest.skip(real_vllm.skip_reason(), allow_module_level=True)
-if real_vllm.DEVICE != "cpu":
-    pytest.skip("grpo_run trains on the CPU with vllm_device='cpu' (a vLLM CPU build)", allow_module_level=True)
-pytest.importorskip("trl")
-
 import trl_compat
 from trl_compat._helpers import vllm_prompts
 
-import grpo_run
-import tiny
+import pytest
 
-if grpo_run.real_vllm_unsupported_reason():
-    pytest.skip(grpo_run.real_vllm_unsupported_reason(), allow_module_level=True)
+import grpo_run
+import real_vllm  # conftest.py's skip rule holds here
+import tiny
 
 TRUNCATION, DOUBLE_BOS = vllm_prompts.TRUNCATION, vllm_prompts.DOUBLE_BOS
 MAX_PROMPT = 16

@@ -22,18 +22,15 @@ import importlib.metadata
 import warnings
 
 import pytest
+import torch
+import vllm
 
-torch = pytest.importorskip("torch")
-vllm = pytest.importorskip("vllm")
-import real_vllm  # sets VLLM_USE_V1=0, VLLM_CPU_KVCACHE_SPACE=1 before vLLM is imported
+import real_vllm  # conftest.py's skip rule holds here
 
-if real_vllm.skip_reason():
-    pytest.skip(real_vllm.skip_reason(), allow_module_level=True)
 if real_vllm.V1:
     # TRL 0.14 / 0.15, whose bugs these are, ran vLLM 0.7 / 0.8 (V0); vLLM 0.10's V1 engine is compared
     # with the stand-in in test_vllm_standin_vs_real.py and driven by TRL 0.23 / 0.24 in the other files
     pytest.skip(f"vllm {vllm.__version__}: these tests prove the TRL 0.14 / 0.15 patches on a V0 engine", allow_module_level=True)
-pytest.importorskip("peft")
 
 import trl_compat
 from trl_compat._helpers import vllm_sync

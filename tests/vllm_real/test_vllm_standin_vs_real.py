@@ -33,14 +33,10 @@ import pathlib
 import sys
 
 import pytest
+import torch
+import vllm
 
-torch = pytest.importorskip("torch")
-vllm = pytest.importorskip("vllm")
-import real_vllm
-
-if real_vllm.skip_reason():
-    pytest.skip(real_vllm.skip_reason(), allow_module_level=True)
-
+import real_vllm  # conftest.py's skip rule holds here
 import tiny
 
 STANDIN_SOURCE = pathlib.Path(__file__).parent.parent / "vllm_standin" / "vllm"

@@ -21,37 +21,89 @@ what a patch declares it changes and how patches stack. At run time, a wrapper's
 bookkeeping goes through :func:`guarded` (:mod:`.guard`). Nothing here raises into the user's
 program unless ``TRL_COMPAT_STRICT=1``. Tests reach the engine's state through
 :mod:`trl_compat.testing`.
+
+The names below load with their submodule on first use (PEP 562): ``import trl_compat`` runs at
+interpreter start-up under ``TRL_COMPAT_AUTO=1`` and imports only :mod:`.hooks` of this package
+(no ``from __future__`` either: it is a module to import, too).
 """
 
-from trl_compat._engine.guard import guarded
-from trl_compat._engine.lifecycle import install, revert, stacking, unregister
-from trl_compat._engine.logs import warn_once
-from trl_compat._engine.patch import (
-    APPLIED,
-    CONFLICT,
-    DISABLED,
-    FAILED,
-    NOT_NEEDED,
-    PENDING,
-    REVERTED,
-    TARGET_MISSING,
-    UNDECIDED,
-    UNKNOWN_VERSION,
-    Patch,
-    PatchStatus,
-    SourceUnavailable,
-    TrlCompatError,
-    Verdict,
-    needed,
-    not_needed,
-    undecided,
-)
-from trl_compat._engine.patcher import MARKER, AlreadyPatched, Patcher, UndeclaredChange, markers, raw_attribute
-from trl_compat._engine.reporting import applied, report, status
-from trl_compat._engine.settings import strict
-from trl_compat._engine.settings import switch as switched_on
-from trl_compat._engine.state import register, registry
-from trl_compat._engine.versions import affected, dist_version, gate
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from trl_compat._engine.guard import guarded
+    from trl_compat._engine.lifecycle import install, revert, stacking, unregister
+    from trl_compat._engine.logs import warn_once
+    from trl_compat._engine.patch import (
+        APPLIED,
+        CONFLICT,
+        DISABLED,
+        FAILED,
+        NOT_NEEDED,
+        PENDING,
+        REVERTED,
+        TARGET_MISSING,
+        UNDECIDED,
+        UNKNOWN_VERSION,
+        Patch,
+        PatchStatus,
+        SourceUnavailable,
+        TrlCompatError,
+        Verdict,
+        needed,
+        not_needed,
+        undecided,
+    )
+    from trl_compat._engine.patcher import MARKER, AlreadyPatched, Patcher, UndeclaredChange, markers, raw_attribute
+    from trl_compat._engine.reporting import applied, report, status
+    from trl_compat._engine.settings import strict
+    from trl_compat._engine.settings import switch as switched_on
+    from trl_compat._engine.state import register, registry
+    from trl_compat._engine.versions import affected, dist_version, gate
+
+# name -> (submodule, attribute)
+_LAZY = {
+    "APPLIED": ("patch", "APPLIED"),
+    "AlreadyPatched": ("patcher", "AlreadyPatched"),
+    "CONFLICT": ("patch", "CONFLICT"),
+    "DISABLED": ("patch", "DISABLED"),
+    "FAILED": ("patch", "FAILED"),
+    "MARKER": ("patcher", "MARKER"),
+    "NOT_NEEDED": ("patch", "NOT_NEEDED"),
+    "PENDING": ("patch", "PENDING"),
+    "Patch": ("patch", "Patch"),
+    "PatchStatus": ("patch", "PatchStatus"),
+    "Patcher": ("patcher", "Patcher"),
+    "REVERTED": ("patch", "REVERTED"),
+    "SourceUnavailable": ("patch", "SourceUnavailable"),
+    "TARGET_MISSING": ("patch", "TARGET_MISSING"),
+    "TrlCompatError": ("patch", "TrlCompatError"),
+    "UNDECIDED": ("patch", "UNDECIDED"),
+    "UNKNOWN_VERSION": ("patch", "UNKNOWN_VERSION"),
+    "UndeclaredChange": ("patcher", "UndeclaredChange"),
+    "Verdict": ("patch", "Verdict"),
+    "affected": ("versions", "affected"),
+    "applied": ("reporting", "applied"),
+    "dist_version": ("versions", "dist_version"),
+    "gate": ("versions", "gate"),
+    "guarded": ("guard", "guarded"),
+    "install": ("lifecycle", "install"),
+    "markers": ("patcher", "markers"),
+    "needed": ("patch", "needed"),
+    "not_needed": ("patch", "not_needed"),
+    "raw_attribute": ("patcher", "raw_attribute"),
+    "register": ("state", "register"),
+    "registry": ("state", "registry"),
+    "report": ("reporting", "report"),
+    "revert": ("lifecycle", "revert"),
+    "stacking": ("lifecycle", "stacking"),
+    "status": ("reporting", "status"),
+    "strict": ("settings", "strict"),
+    "switched_on": ("settings", "switch"),
+    "undecided": ("patch", "undecided"),
+    "unregister": ("lifecycle", "unregister"),
+    "warn_once": ("logs", "warn_once"),
+}
 
 __all__ = [
     "APPLIED",
@@ -95,3 +147,14 @@ __all__ = [
     "unregister",
     "warn_once",
 ]
+
+
+def __getattr__(name: str) -> object:
+    try:
+        module, attribute = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    __import__(f"{__name__}.{module}")
+    value = getattr(sys.modules[f"{__name__}.{module}"], attribute)
+    globals()[name] = value
+    return value

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from trl_compat._engine import hooks, logs, settings
 from trl_compat._engine.patch import (
+    ADVICE,
     APPLIED,
     CONFLICT,
     DISABLED,
@@ -28,7 +29,7 @@ from trl_compat._engine.versions import gate
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
-    from typing import Callable, List
+    from typing import Callable
 
     from trl_compat._engine.patch import Patch
 
@@ -108,7 +109,7 @@ def _probe_and_apply(patch: Patch, module: ModuleType) -> None:
         set_status(patch, CONFLICT, f"{patch.trigger}.{patch.must_exist.split('.')[0]} was replaced by {foreign}; left alone")
         return
     if patch.probe is None or patch.apply is None:
-        set_status(patch, FAILED, "declares neither impl nor probe and apply")
+        set_status(patch, FAILED, "declares a probe without an apply, or an apply without a probe")
         return
     try:
         verdict = patch.probe(module)
@@ -123,6 +124,9 @@ def _probe_and_apply(patch: Patch, module: ModuleType) -> None:
         return
     if not verdict.needed:
         set_status(patch, NOT_NEEDED, verdict.reason)
+        return
+    if patch.kind == ADVICE:
+        set_status(patch, UNDECIDED, f"{verdict.reason}; advice only: trl_compat has no fix to apply")
         return
     if patch.opt_in and not settings.switch(patch.opt_in):
         log.info("trl_compat: %s: %s; opt-in: set %s=1 to apply the fix", patch.id, verdict.reason, patch.opt_in)
@@ -169,14 +173,14 @@ def unregister(patch_id: str) -> None:
             REGISTRY.forget(patch_id)
 
 
-def stacking(attribute: str) -> List[str]:
+def stacking(attribute: str) -> list[str]:
     """The ids of the registered patches whose ``changes`` include ``attribute`` (absolute:
     ``"trl.trainer.grpo_trainer:GRPOTrainer.__init__"``), lowest first: the order they stack in,
     whatever order they are installed and reverted in."""
     return stacking_order(attribute, REGISTRY.patches())
 
 
-def _unique(patches: List[Patch]) -> List[Patch]:
+def _unique(patches: list[Patch]) -> list[Patch]:
     return list({p.id: p for p in patches}.values())
 
 
@@ -197,12 +201,12 @@ def _stacks_on(lower: Patch, upper: Patch) -> bool:
     return not set(declared(lower)).isdisjoint(declared(upper))
 
 
-def _stacked_above(moving: List[Patch]) -> List[Patch]:
+def _stacked_above(moving: list[Patch]) -> list[Patch]:
     """Applied patches, other than ``moving``, registered after one of them and stacking on it
     (:func:`_stacks_on`), and in turn those above them."""
     below = list(moving)
     seen = {p.id for p in moving}
-    above: List[Patch] = []
+    above: list[Patch] = []
     grew = True
     while grew:
         grew = False

@@ -10,8 +10,9 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
     from types import ModuleType
-    from typing import Any, Callable, Iterable, Mapping
+    from typing import Any, Callable
 
     from trl_compat._engine.patcher import Patcher
 
@@ -32,6 +33,17 @@ REVERTED = "reverted"
 
 # Statuses that mean "a patch that may be needed could not be applied".
 _TROUBLE = {UNKNOWN_VERSION, UNDECIDED, TARGET_MISSING, FAILED, CONFLICT}
+
+# A patch's kind: a fix applies where its probe finds the bug; advice never applies (no fix here
+# could be proved): where its probe finds the bug it says "undecided", with the upgrade to make.
+FIX = "fix"
+ADVICE = "advice"
+KINDS = (FIX, ADVICE)
+
+# The defaults most entries share: the GRPO trainer's module and its class.
+GRPO_MODULE = "trl.trainer.grpo_trainer"
+GRPO_TRAINER = "GRPOTrainer"
+PATCHES_PACKAGE = "trl_compat.patches"
 
 
 class TrlCompatError(RuntimeError):
@@ -92,8 +104,11 @@ class _Fields:
 class Patch(_Fields):
     """One patch, declared as data (``trl_compat/patches/__init__.py``): its whole declaration.
 
-    - ``trigger``: the module whose import runs the patch.
-    - ``must_exist``: a dotted path inside ``trigger`` that must resolve before probing.
+    - ``kind``: ``"fix"`` (the default) or ``"advice"``: never applied; its probe's "bug found"
+      is reported as "undecided" (``trl_compat/patches/_advice.py``).
+    - ``trigger``: the module whose import runs the patch (default: :data:`GRPO_MODULE`).
+    - ``must_exist``: a dotted path inside ``trigger`` that must resolve before probing
+      (default: ``"GRPOTrainer"``).
     - ``changes``: every attribute the patch may change, as dotted paths relative to ``trigger``
       (``"GRPOTrainer.__init__"``), or ``"module:Qual.name"`` for another module's attribute.
       ``Patcher.wrap``/``replace`` refuse anything else; patches whose ``changes`` overlap stack
@@ -103,19 +118,24 @@ class Patch(_Fields):
       tests feed through the gate.
     - ``summary`` (what the fix does), ``symptom`` (what a user sees without it: the error line or
       the silent effect, one line), ``upstream``, ``remove_when``.
+    - ``fixed_in``: distribution -> the release that fixed the bug upstream (README's "fixed
+      upstream"); ``{}``: no release has; None: not declared (README shows ``upstream``).
     - ``opt_in``: an environment variable that must be on for the patch to apply (a fix that
       changes the training objective; off, a patch whose probe finds the bug reports "disabled").
     - ``impl``: our module defining ``probe(module) -> Verdict`` and ``apply(module, patcher)``;
       it is imported only once the trigger module is, so that ``import trl_compat`` stays cheap.
-      Tests may give ``probe``/``apply`` as functions instead.
+      Default: ``trl_compat.patches.<id>``, dashes as underscores, dots dropped. Tests may give
+      ``probe``/``apply`` as functions instead (then no ``impl`` is derived).
 
     A Patch is fixed once declared: ``replace(**fields)`` gives a changed copy."""
 
     __slots__ = (
         "id",
+        "kind",
         "summary",
         "symptom",
         "upstream",
+        "fixed_in",
         "trigger",
         "must_exist",
         "changes",
@@ -129,9 +149,11 @@ class Patch(_Fields):
     )
 
     id: str
+    kind: str
     summary: str
     symptom: str
     upstream: str
+    fixed_in: dict[str, str] | None
     trigger: str
     must_exist: str
     changes: tuple[str, ...]
@@ -149,10 +171,12 @@ class Patch(_Fields):
         id: str,
         summary: str,
         upstream: str,
-        trigger: str,
-        must_exist: str,
         requires: Mapping[str, str],
         changes: Iterable[str],
+        trigger: str = GRPO_MODULE,
+        must_exist: str = GRPO_TRAINER,
+        kind: str = FIX,
+        fixed_in: Mapping[str, str] | None = None,
         symptom: str = "",
         witnesses: Mapping[str, dict[str, list[str]]] | None = None,
         remove_when: str = "",
@@ -162,9 +186,13 @@ class Patch(_Fields):
         apply: Apply | None = None,
     ) -> None:
         self.id = id
+        if kind not in KINDS:
+            raise ValueError(f"patch {id!r}: kind={kind!r} is not one of {', '.join(KINDS)}")
+        self.kind = kind
         self.summary = summary
         self.symptom = symptom
         self.upstream = upstream
+        self.fixed_in = None if fixed_in is None else dict(fixed_in)
         self.trigger = trigger
         self.must_exist = must_exist
         self.changes = tuple(changes)
@@ -175,6 +203,8 @@ class Patch(_Fields):
         self.witnesses = dict(witnesses or {})
         self.remove_when = remove_when
         self.opt_in = opt_in
+        if not impl and probe is None and apply is None:
+            impl = default_impl(id)
         self.impl = impl
         if impl:
             self.probe, self.apply = _Deferred(impl, "probe"), _Deferred(impl, "apply")
@@ -197,6 +227,12 @@ class Patch(_Fields):
         elif self.impl:
             values["probe"] = values["apply"] = None
         return Patch(**values)
+
+
+def default_impl(patch_id: str) -> str:
+    """The module of the patch ``patch_id`` when its entry names none: ``"grpo-eval-0.14"`` ->
+    ``"trl_compat.patches.grpo_eval_014"``."""
+    return f"{PATCHES_PACKAGE}.{patch_id.replace('-', '_').replace('.', '')}"
 
 
 class _Deferred:

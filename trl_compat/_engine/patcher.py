@@ -11,7 +11,8 @@ from trl_compat._engine import logs, targets
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Iterable, List
+    from collections.abc import Iterable
+    from typing import Any, Callable
 
 log = logs.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class Patcher:
         self.patch_id = patch_id
         self.declared = None if changes is None else tuple(changes)
         self._allowed = [] if self.declared is None else targets.resolve_changes(self.declared)
-        self._changes: List[tuple] = []
+        self._changes: list[tuple] = []
 
     def allows(self, owner: Any, name: str) -> bool:
         """Whether the declared changes list ``owner.name`` (always, without a declaration)."""
@@ -107,11 +108,11 @@ class Patcher:
         """Run ``undo`` when the patch is reverted or rolled back (state that is no attribute)."""
         self._changes.append((None, None, undo, None))
 
-    def owners(self) -> List[Any]:
+    def owners(self) -> list[Any]:
         """The modules and classes whose attributes this patch set."""
         return list({id(o): o for o, _, _, _ in self._changes if o is not None}.values())
 
-    def changed(self) -> List[str]:
+    def changed(self) -> list[str]:
         """The attributes this patch set, as dotted names (the report's target)."""
         return list(dict.fromkeys(_qualified(o, n) for o, n, _, _ in self._changes if o is not None))
 

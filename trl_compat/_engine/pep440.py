@@ -16,7 +16,7 @@ from __future__ import annotations
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import re
-    from typing import Dict, List, Optional, Sequence, Tuple
+    from collections.abc import Sequence
 
 # PEP 440, appendix B (what packaging.version.VERSION_PATTERN is on Python < 3.11.5): for what is
 # not in normal form. Compiled on first use: ``re`` is not loaded when Python starts.
@@ -32,7 +32,7 @@ _VERSION = r"""
     (?:\+(?P<local>[a-z0-9]+(?:[-_\.][a-z0-9]+)*))?
     \s*
 """
-_compiled: List[re.Pattern[str]] = []  # the compiled pattern, once needed
+_compiled: list[re.Pattern[str]] = []  # the compiled pattern, once needed
 
 _PRE_RANK = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "pre": 2, "preview": 2, "rc": 2}
 _OPERATORS = (">=", "<=", "==", "!=", "<", ">")  # two-character ones first
@@ -46,11 +46,11 @@ class Parsed:
     def __init__(
         self,
         epoch: int,
-        release: Tuple[int, ...],
-        pre: Optional[Tuple[int, int]],
-        post: Optional[int],
-        dev: Optional[int],
-        local: Optional[str],
+        release: tuple[int, ...],
+        pre: tuple[int, int] | None,
+        post: int | None,
+        dev: int | None,
+        local: str | None,
     ) -> None:
         self.epoch, self.release, self.pre, self.post, self.dev, self.local = epoch, release, pre, post, dev, local
 
@@ -66,7 +66,7 @@ class Parsed:
     def base_version(self) -> str:
         return (f"{self.epoch}!" if self.epoch else "") + ".".join(map(str, self.release))
 
-    def trimmed(self) -> Tuple[int, Tuple[int, ...]]:
+    def trimmed(self) -> tuple[int, tuple[int, ...]]:
         release = list(self.release)
         while release and release[-1] == 0:
             release.pop()
@@ -83,7 +83,7 @@ class Parsed:
         return self.trimmed() + (pre + post + dev,)
 
 
-def parse(text: str) -> Optional[Parsed]:
+def parse(text: str) -> Parsed | None:
     """The parts of a PEP 440 version, or None where it is not one."""
     if not isinstance(text, str):
         return None
@@ -92,15 +92,15 @@ def parse(text: str) -> Optional[Parsed]:
     return _parsed[text]
 
 
-_parsed: Dict[str, Optional[Parsed]] = {}  # every patch's window names the same few versions
+_parsed: dict[str, Parsed | None] = {}  # every patch's window names the same few versions
 
 
-def _parse(text: str) -> Optional[Parsed]:
+def _parse(text: str) -> Parsed | None:
     normal = _parse_normal(text)
     return normal if normal is not None else _parse_pattern(text)
 
 
-def _parse_pattern(text: str) -> Optional[Parsed]:
+def _parse_pattern(text: str) -> Parsed | None:
     if not _compiled:
         import re
 
@@ -121,11 +121,11 @@ def _parse_pattern(text: str) -> Optional[Parsed]:
     )
 
 
-def _number(text: str) -> Optional[int]:
+def _number(text: str) -> int | None:
     return int(text) if text.isascii() and text.isdigit() else None
 
 
-def _parse_normal(text: str) -> Optional[Parsed]:
+def _parse_normal(text: str) -> Parsed | None:
     """A version in PEP 440's normal form, ``[N!]N(.N)*[{a|b|rc}N][.postN][.devN][+local]``, read
     without ``re`` (pip writes that form into METADATA; the windows are written in it); None
     for any other spelling, which the full pattern reads."""
@@ -162,7 +162,7 @@ def _parse_normal(text: str) -> Optional[Parsed]:
     )
 
 
-def _clauses(spec: str) -> Optional[Sequence[Tuple[str, Parsed]]]:
+def _clauses(spec: str) -> Sequence[tuple[str, Parsed]] | None:
     clauses = []
     for part in spec.split(","):
         part = part.strip()
@@ -177,7 +177,7 @@ def _clauses(spec: str) -> Optional[Sequence[Tuple[str, Parsed]]]:
     return clauses
 
 
-def contains(spec: str, version: Parsed) -> Optional[bool]:
+def contains(spec: str, version: Parsed) -> bool | None:
     """Whether ``version`` lies in the specifier set ``spec`` (pre-releases allowed), or None
     where only packaging can tell."""
     clauses = _clauses(spec)

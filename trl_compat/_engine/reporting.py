@@ -12,14 +12,14 @@ from trl_compat._engine.targets import declared, foreign_owner
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from types import ModuleType
-    from typing import List, Sequence
 
     from trl_compat._engine.patch import Patch
     from trl_compat._engine.state import PatchState
 
 
-def report() -> List[PatchStatus]:
+def report() -> list[PatchStatus]:
     """One :class:`PatchStatus` per registered patch, in registration order."""
     with REGISTRY.lock:
         return [_status_of(patch, REGISTRY.state(patch.id)) for patch in REGISTRY.patches()]
@@ -47,7 +47,7 @@ class UnknownPatchId(KeyError):
         return str(self.args[0])
 
 
-def checked_ids(caller: str, ids: Sequence[object]) -> List[str]:
+def checked_ids(caller: str, ids: Sequence[object]) -> list[str]:
     """``ids`` as given to ``install``/``revert``/``status``: each a registered patch id, else a
     ``TypeError`` (a list passed as one argument) or :class:`UnknownPatchId`."""
     for pid in ids:
@@ -75,7 +75,7 @@ def status(patch_id: str) -> str:
     return REGISTRY.state(patch_id).status
 
 
-def applied() -> List[str]:
+def applied() -> list[str]:
     return REGISTRY.with_status(APPLIED)
 
 
@@ -100,14 +100,14 @@ def _reason_now(patch: Patch, state: PatchState) -> str:
     return reason
 
 
-def _overriding_subclasses(patch: Patch, module: ModuleType) -> List[str]:
+def _overriding_subclasses(patch: Patch, module: ModuleType) -> list[str]:
     """Subclasses that define the patched method themselves: the fix reaches them only via super()."""
     owner_name, _, attr = patch.must_exist.partition(".")
     owner = getattr(module, owner_name, None)
     if not attr or "." in attr or not isinstance(owner, type):
         return []
-    found: List[str] = []
-    todo: List[type] = list(owner.__subclasses__())
+    found: list[str] = []
+    todo: list[type] = list(owner.__subclasses__())
     while todo:
         cls = todo.pop()
         todo.extend(cls.__subclasses__())

@@ -23,7 +23,8 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set
+    from collections.abc import Iterable, Mapping
+    from typing import Callable
 
 AUTO = "TRL_COMPAT_AUTO"
 STRICT = "TRL_COMPAT_STRICT"
@@ -46,15 +47,15 @@ GUARD_STRICT = "strict"
 GUARD_DOES = 'the off-policy guard: checks that vLLM generated what the loss trains on ("strict": an alarm raises OffPolicyError)'
 
 _lock = _thread.allocate_lock()
-_warned: Set[tuple] = set()
-_holds: List[Callable[[], bool]] = []
+_warned: set[tuple] = set()
+_holds: list[Callable[[], bool]] = []
 
 
-def _environ(environ: Optional[Mapping[str, str]]) -> Mapping[str, str]:
+def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
     return os.environ if environ is None else environ
 
 
-def switch_problem(variable: str, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+def switch_problem(variable: str, environ: Mapping[str, str] | None = None) -> str | None:
     """Why the switch's value is not one of the accepted ones, and what is assumed; None if it is."""
     raw = _environ(environ).get(variable)
     if raw is None or raw.strip().lower() in ON + OFF:
@@ -62,12 +63,12 @@ def switch_problem(variable: str, environ: Optional[Mapping[str, str]] = None) -
     return f"{variable}={raw!r} is not a recognised value (on: {', '.join(ON)}; off: {', '.join(OFF[:-1])} or unset); assumed off"
 
 
-def is_on(variable: str, environ: Optional[Mapping[str, str]] = None) -> bool:
+def is_on(variable: str, environ: Mapping[str, str] | None = None) -> bool:
     """Whether the switch ``variable`` is on, without a warning (for the report)."""
     return _environ(environ).get(variable, "").strip().lower() in ON
 
 
-def switch(variable: str, environ: Optional[Mapping[str, str]] = None) -> bool:
+def switch(variable: str, environ: Mapping[str, str] | None = None) -> bool:
     """Whether the switch ``variable`` is on; an unrecognised value is off, with a warning."""
     if is_on(variable, environ):
         return True
@@ -80,7 +81,7 @@ def switch(variable: str, environ: Optional[Mapping[str, str]] = None) -> bool:
     return False
 
 
-def guard_mode(environ: Optional[Mapping[str, str]] = None) -> str:
+def guard_mode(environ: Mapping[str, str] | None = None) -> str:
     """``TRL_COMPAT_GUARD``: "off", "on" or "strict"; an unrecognised value is off, with a warning."""
     raw = _environ(environ).get(GUARD, "").strip().lower()
     if raw == GUARD_STRICT:
@@ -93,7 +94,7 @@ def guard_mode(environ: Optional[Mapping[str, str]] = None) -> str:
     return "off"
 
 
-def guard_problem(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+def guard_problem(environ: Mapping[str, str] | None = None) -> str | None:
     raw = _environ(environ).get(GUARD)
     if raw is None or raw.strip().lower() in ON + OFF + (GUARD_STRICT,):
         return None
@@ -103,7 +104,7 @@ def guard_problem(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
     )
 
 
-def disabled_ids(known: Iterable[str], environ: Optional[Mapping[str, str]] = None) -> Set[str]:
+def disabled_ids(known: Iterable[str], environ: Mapping[str, str] | None = None) -> set[str]:
     """The ids ``TRL_COMPAT_DISABLE`` names (``*``: every patch); unknown ones warn and are kept
     (they match nothing)."""
     raw = _environ(environ).get(DISABLE, "")
@@ -114,7 +115,7 @@ def disabled_ids(known: Iterable[str], environ: Optional[Mapping[str, str]] = No
     return ids
 
 
-def disable_problem(known: Iterable[str], environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+def disable_problem(known: Iterable[str], environ: Mapping[str, str] | None = None) -> str | None:
     raw = _environ(environ).get(DISABLE, "")
     known = sorted(known)
     unknown = sorted({part.strip() for part in raw.split(",") if part.strip()} - set(known) - {"*"})
@@ -134,18 +135,20 @@ def close_matches(unknown: str, known: Iterable[str]) -> str:
 
     known = list(known)
     normalised = {pid.replace("-", "_").lower(): pid for pid in known}
-    guesses = [normalised[key] for key in difflib.get_close_matches(unknown.replace("-", "_").lower(), list(normalised), n=2, cutoff=0.6)]
+    guesses = [
+        normalised[key] for key in difflib.get_close_matches(unknown.replace("-", "_").lower(), list(normalised), n=2, cutoff=0.6)
+    ]
     guesses += [pid for pid in known if unknown.lower() in pid and pid not in guesses][: max(0, 2 - len(guesses))]
     if not guesses:
         return repr(unknown)
     return f"{unknown!r} (did you mean {' or '.join(guesses)}?)"
 
 
-def problems(known: Iterable[str], opt_in: Iterable[str], environ: Optional[Mapping[str, str]] = None) -> Dict[str, Dict[str, object]]:
+def problems(known: Iterable[str], opt_in: Iterable[str], environ: Mapping[str, str] | None = None) -> dict[str, dict[str, object]]:
     """Every ``TRL_COMPAT_*`` variable trl_compat reads that is set: ``{variable: {"value", "problem"}}``
     (``problem``: None, or what :func:`switch`/:func:`disabled_ids` warn)."""
     env = _environ(environ)
-    found: Dict[str, Dict[str, object]] = {}
+    found: dict[str, dict[str, object]] = {}
     for variable in sorted(set(SWITCHES) | set(opt_in) | {DISABLE, GUARD}):
         if variable not in env:
             continue
@@ -172,7 +175,7 @@ def hold_strict_when(predicate: Callable[[], bool]) -> None:
         _holds.append(predicate)
 
 
-def check(known: Iterable[str], opt_in: Iterable[str], environ: Optional[Mapping[str, str]] = None) -> None:
+def check(known: Iterable[str], opt_in: Iterable[str], environ: Mapping[str, str] | None = None) -> None:
     """Warn (once) about every variable set to a value it does not accept, read or not yet."""
     for variable in sorted(set(SWITCHES) | set(opt_in)):
         switch(variable, environ)

@@ -12,8 +12,9 @@ from trl_compat._engine.patch import _TROUBLE, APPLIED, PENDING, TrlCompatError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
     from types import ModuleType
-    from typing import Dict, Iterator, List, Optional, Sequence
+    from typing import Callable
 
     from trl_compat._engine.patch import Patch
     from trl_compat._engine.patcher import Patcher
@@ -28,32 +29,51 @@ class PatchState:
 
     def __init__(self) -> None:
         self.status, self.reason = PENDING, ""
-        self.versions: Dict[str, Optional[str]] = {}  # distribution -> installed version (None: not installed)
+        self.versions: dict[str, str | None] = {}  # distribution -> installed version (None: not installed)
         self.generation = 0  # bumped by revert(): hooks from older generations do nothing
-        self.patcher: Optional[Patcher] = None  # the Patcher of the applied patch
-        self.module: Optional[ModuleType] = None  # the trigger module, once imported
-        self.changed: List[str] = []  # the same, as dotted names, for the report
+        self.patcher: Patcher | None = None  # the Patcher of the applied patch
+        self.module: ModuleType | None = None  # the trigger module, once imported
+        self.changed: list[str] = []  # the same, as dotted names, for the report
 
 
 class Registry:
     """Owns the engine's state: the patches by id in registration order (the order in which
     patches that change one attribute stack), a :class:`PatchState` for each, and the lock.
     Iterating gives the ids. :mod:`.lifecycle` changes states under ``lock``; :mod:`.reporting`
-    reads them under it."""
+    reads them under it.
+
+    ``trl_compat`` fills it on first use (:meth:`fill_on_first_use`): its patches, registered
+    before anything else can be, whether TRL's import or a call of the API comes first."""
 
     def __init__(self) -> None:
         self.lock = _thread.RLock()
-        self._patches: Dict[str, Patch] = {}
-        self._states: Dict[str, PatchState] = {}
-        self._held: List[str] = []  # strict-mode failures a hold kept from raising where they happened
+        self._fill: Callable[[], None] | None = None
+        self._patches: dict[str, Patch] = {}
+        self._states: dict[str, PatchState] = {}
+        self._held: list[str] = []  # strict-mode failures a hold kept from raising where they happened
+
+    def fill_on_first_use(self, fill: Callable[[], None]) -> None:
+        """Call ``fill()`` (once) before the registry is next read or added to."""
+        self._fill = fill
+
+    def _filled(self) -> None:
+        if self._fill is None:
+            return
+        with self.lock:
+            fill, self._fill = self._fill, None
+            if fill is not None:
+                fill()
 
     def __iter__(self) -> Iterator[str]:
+        self._filled()
         return iter(list(self._patches))
 
     def __contains__(self, patch_id: object) -> bool:
+        self._filled()
         return patch_id in self._patches
 
     def register(self, patch: Patch) -> None:
+        self._filled()
         with self.lock:
             if patch.id in self._patches and self._patches[patch.id] is not patch:
                 raise ValueError(f"duplicate patch id {patch.id!r}")
@@ -74,17 +94,21 @@ class Registry:
             del self._patches[patch_id]
             del self._states[patch_id]
 
-    def patches(self) -> List[Patch]:
+    def patches(self) -> list[Patch]:
+        self._filled()
         return list(self._patches.values())
 
     def patch(self, patch_id: str) -> Patch:
+        self._filled()
         return self._patches[patch_id]
 
     def state(self, patch_id: str) -> PatchState:
+        self._filled()
         return self._states[patch_id]
 
-    def select(self, ids: Sequence[str]) -> List[Patch]:
+    def select(self, ids: Sequence[str]) -> list[Patch]:
         """The patches with these ids (all, when none is given); KeyError naming unknown ids."""
+        self._filled()
         unknown = [i for i in ids if i not in self._patches]
         if unknown:
             raise KeyError(f"unknown trl_compat patch ids: {unknown}")
@@ -93,7 +117,8 @@ class Registry:
     def position(self, patch: Patch) -> int:
         return list(self._patches).index(patch.id)
 
-    def with_status(self, *statuses: str) -> List[str]:
+    def with_status(self, *statuses: str) -> list[str]:
+        self._filled()
         with self.lock:
             return [pid for pid, state in self._states.items() if state.status in statuses]
 
@@ -111,15 +136,16 @@ class Registry:
         else:
             log.debug("trl_compat: %s: %s (%s)", patch.id, status, reason)
 
-    def take_held_failures(self) -> List[str]:
+    def take_held_failures(self) -> list[str]:
         """The strict-mode failures held back since the last call (see ``settings.hold_strict_when``),
         for whoever raises them later; each is handed out once."""
         with self.lock:
             held, self._held = self._held, []
             return held
 
-    def settled_summary(self) -> Optional[str]:
+    def settled_summary(self) -> str | None:
         """The one-line summary once no patch is pending (None while one is)."""
+        self._filled()
         with self.lock:
             if any(s.status == PENDING for s in self._states.values()):
                 return None
@@ -143,5 +169,5 @@ def register(patch: Patch) -> None:
     REGISTRY.register(patch)
 
 
-def registry() -> List[Patch]:
+def registry() -> list[Patch]:
     return REGISTRY.patches()

@@ -22,8 +22,9 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from types import ModuleType
-    from typing import Any, Iterable
+    from typing import Any
 
     from trl_compat._engine.patch import Patch
 

@@ -18,14 +18,12 @@ from trl_compat._engine.patch import FAILED, NOT_NEEDED, UNKNOWN_VERSION
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, Optional
-
     from trl_compat._engine.patch import Patch
 
 _ASK_IMPORTLIB = object()
 
 
-def dist_version(dist: str) -> Optional[str]:
+def dist_version(dist: str) -> str | None:
     """The installed version of a distribution, without importing it."""
     found = _scan(dist)
     if found is not _ASK_IMPORTLIB:
@@ -67,14 +65,14 @@ def _scan(dist: str):
     return None
 
 
-_listings: Dict[str, tuple] = {}  # sys.path entry -> (mtime, {normalised name: first metadata dir})
+_listings: dict[str, tuple] = {}  # sys.path entry -> (mtime, {normalised name: first metadata dir})
 
 
-def _infos(directory: str) -> Dict[str, str]:
+def _infos(directory: str) -> dict[str, str]:
     mtime = os.stat(directory).st_mtime
     cached = _listings.get(directory)
     if cached is None or cached[0] != mtime:
-        infos: Dict[str, str] = {}
+        infos: dict[str, str] = {}
         for child in os.listdir(directory):
             low = child.lower()
             if low.endswith((".dist-info", ".egg-info")):
@@ -111,7 +109,7 @@ def _importable_without_metadata(dist: str) -> bool:
         return False
 
 
-def affected(since: str, fixed_in: Optional[str] = None) -> str:
+def affected(since: str, fixed_in: str | None = None) -> str:
     """The version window of a bug present from release ``since`` up to the release
     ``fixed_in`` (exclusive; None: not fixed in any release trl_compat knows).
 
@@ -139,7 +137,7 @@ def _parse(text: str):
 
 def gate(patch: Patch):
     """Return ``(status or None, reason, versions)``; ``None`` means in window."""
-    versions: Dict[str, Optional[str]] = {}
+    versions: dict[str, str | None] = {}
     for dist, spec in patch.requires.items():
         raw = dist_version(dist)
         versions[dist] = raw

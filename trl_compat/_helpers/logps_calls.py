@@ -21,7 +21,8 @@ from __future__ import annotations
 import contextlib
 import sys
 import types
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Tuple
+from collections.abc import Iterable, Iterator
+from typing import Any, Callable, NamedTuple
 
 from trl_compat._engine import Verdict, not_needed, undecided
 from trl_compat._helpers.source import Code, code, defining_class, unwrap
@@ -42,7 +43,7 @@ class LogpsCaller(NamedTuple):
     raw: types.CodeType  # its code object, to recognise its frames
 
 
-def find(cls: type[Any]) -> Optional[LogpsCaller]:
+def find(cls: type[Any]) -> LogpsCaller | None:
     """TRL's log-prob function in ``cls`` (a GRPOTrainer), or None if it has neither form.
 
     Raises SourceUnavailable when the source cannot be read."""
@@ -66,7 +67,7 @@ def find(cls: type[Any]) -> Optional[LogpsCaller]:
     return LogpsCaller(NESTED, "compute_loss", f"the function {NESTED} nested in GRPOTrainer.compute_loss", code(nested), nested)
 
 
-def unfixed(cls: type, marker: str, fixed: str) -> Tuple[Optional[LogpsCaller], Optional[Verdict]]:
+def unfixed(cls: type, marker: str, fixed: str) -> tuple[LogpsCaller | None, Verdict | None]:
     """The start of a probe of TRL's log-prob function: ``(caller, verdict)``, where a verdict ends
     the probe: "undecided" when ``cls`` has neither form, "not needed" when the function's code
     mentions ``marker`` (``fixed`` says what that means: "<where> {fixed}")."""
@@ -78,9 +79,9 @@ def unfixed(cls: type, marker: str, fixed: str) -> Tuple[Optional[LogpsCaller], 
     return caller, None
 
 
-def frame_of(raw: types.CodeType) -> Optional[types.FrameType]:
+def frame_of(raw: types.CodeType) -> types.FrameType | None:
     """The nearest frame of the function with code object ``raw`` on the caller's stack (None: not on it)."""
-    frame: Optional[types.FrameType] = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     for _ in range(_MAX_DEPTH):
         if frame is None or frame.f_code is raw:
             return frame
@@ -94,7 +95,7 @@ def called_from(raw: types.CodeType) -> bool:
 
 
 @contextlib.contextmanager
-def hooked(modules: Iterable[Any], *, pre: Optional[Callable] = None, post: Optional[Callable] = None) -> Iterator[None]:
+def hooked(modules: Iterable[Any], *, pre: Callable | None = None, post: Callable | None = None) -> Iterator[None]:
     """Register ``pre`` (a forward pre-hook, run before the module's other pre-hooks, as if TRL had
     passed what it adds) and ``post`` (a forward hook, run after the others, as if TRL had changed
     the output itself), both ``with_kwargs=True``, on each distinct ``torch.nn.Module`` in

@@ -26,7 +26,7 @@ import io
 import sys
 import textwrap
 import tokenize
-from typing import Any, Optional
+from typing import Any
 
 # defined by the engine, which catches it: it need not import this module (ast, inspect, tokenize) at start-up
 from trl_compat._engine.patch import SourceUnavailable
@@ -147,7 +147,7 @@ def syntax(obj: Any) -> ast.Module:
         raise SourceUnavailable(f"cannot parse the source of {getattr(obj, '__qualname__', obj)!r} ({exc})") from None
 
 
-def defining_class(cls: type, name: str) -> Optional[type]:
+def defining_class(cls: type, name: str) -> type | None:
     """The first class along ``cls``'s MRO whose own ``__dict__`` holds ``name`` (None if none)."""
     for klass in inspect.getmro(cls):
         if name in vars(klass):

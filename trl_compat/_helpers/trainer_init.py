@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable
 
-Hook = Callable[[Any, Dict[str, Any]], None]
+Hook = Callable[[Any, dict[str, Any]], None]
 
 
-def _arguments(signature: Optional[inspect.Signature], complete: bool, args, kwargs) -> Dict[str, Any]:
+def _arguments(signature: inspect.Signature | None, complete: bool, args, kwargs) -> dict[str, Any]:
     if signature is None:
         return {}
     try:
@@ -29,7 +29,7 @@ def _arguments(signature: Optional[inspect.Signature], complete: bool, args, kwa
     return dict(bound.arguments)
 
 
-def around_init(*, before: Optional[Hook] = None, after: Optional[Hook] = None, complete: bool = False):
+def around_init(*, before: Hook | None = None, after: Hook | None = None, complete: bool = False):
     """The ``apply`` of a patch that wraps ``GRPOTrainer.__init__`` with ``before``/``after``."""
 
     def factory(original):

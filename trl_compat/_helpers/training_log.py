@@ -30,7 +30,6 @@ import logging
 import os
 import sys
 from types import FrameType
-from typing import Optional
 
 from trl_compat._engine import settings
 from trl_compat._engine.patch import _TROUBLE, APPLIED, DISABLED, TrlCompatError
@@ -51,7 +50,7 @@ def changes_numbers(patch_id: str) -> bool:
     return REGISTRY.patch(patch_id).symptom.lstrip().lower().startswith("silent")
 
 
-def guard_part(uses_vllm: Optional[bool]) -> str:
+def guard_part(uses_vllm: bool | None) -> str:
     """The guard's mode for the line; where it is on and this run has no vLLM, that it checks nothing."""
     mode = settings.guard_mode()
     if mode == "off":
@@ -61,7 +60,7 @@ def guard_part(uses_vllm: Optional[bool]) -> str:
     return f"off-policy guard: {mode}"
 
 
-def summary_line(uses_vllm: Optional[bool] = None) -> str:
+def summary_line(uses_vllm: bool | None = None) -> str:
     """The line the training log shows: the applied fixes (those that change a run's numbers apart
     from those that prevent a crash), disabled ones, skipped ones, the guard, where the details are."""
     import trl_compat
@@ -88,7 +87,7 @@ def summary_line(uses_vllm: Optional[bool] = None) -> str:
     return f"trl_compat {trl_compat.__version__}: " + "; ".join(parts)
 
 
-def announce(main_process: bool = True, uses_vllm: Optional[bool] = None) -> bool:
+def announce(main_process: bool = True, uses_vllm: bool | None = None) -> bool:
     """Log :func:`summary_line` once per process, on the main process, unless ``TRL_COMPAT_QUIET``.
     Returns whether it logged."""
     global _announced
@@ -135,7 +134,7 @@ def inside_trl_lazy_import() -> bool:
     TRL's ``_LazyModule._get_module`` turns any exception raised during that import into
     ``RuntimeError: Failed to import trl.trainer.grpo_trainer ...``: a strict-mode failure raised
     there would reach the user as TRL's error, its own message only in the chained cause."""
-    frame: Optional[FrameType] = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_name == "_get_module" and frame.f_globals.get("__name__") == "trl.import_utils":
             return True

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from trl_compat._engine import warn_once
 
@@ -28,7 +28,7 @@ FIELD_SINCE = (0, 10, 0)  # vLLM's EngineArgs.logprobs_mode
 TEMPERATURE_SURE_SINCE = (0, 10, 2)
 
 
-def vllm_version() -> Optional[tuple]:
+def vllm_version() -> tuple | None:
     """The installed vLLM's release as a tuple of ints (None: not installed or unreadable)."""
     try:
         text = importlib.metadata.version("vllm")

@@ -15,7 +15,8 @@ import contextlib
 import functools
 import importlib
 import sys
-from typing import Any, Iterable, Iterator, Optional
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from trl_compat._helpers.source import SourceUnavailable, code
 
@@ -35,7 +36,7 @@ def is_zero3(accelerator: Any) -> bool:
     return found is not None and getattr(found, "zero_stage", None) == 3
 
 
-def config_stage(trainer: Any) -> Optional[int]:
+def config_stage(trainer: Any) -> int | None:
     """The ZeRO stage the DeepSpeed config of a Trainer names; None without DeepSpeed."""
     if not getattr(trainer, "is_deepspeed_enabled", False):
         return None
@@ -77,7 +78,7 @@ def offload_class() -> Any:
     return module.DeepSpeedZeRoOffload
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def add_hooks_knows_new_name(add_hooks: Any) -> bool:
     """TRL's ``add_hooks`` calls the new name itself (TRL >= 0.16); False if unreadable."""
     try:

@@ -24,7 +24,7 @@ from trl_compat._engine import logs, settings
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Mapping, Optional
+    from collections.abc import Mapping
 
 SWITCH = settings.AUTO
 ON_VALUES = settings.ON
@@ -36,7 +36,7 @@ LAUNCHER = "launcher"
 SWITCHED = "switch"
 IMPORTED = "import"
 
-_how: Optional[str] = None
+_how: str | None = None
 
 
 def activate(how: str) -> None:
@@ -54,7 +54,7 @@ def this_process() -> str:
     return _how or IMPORTED
 
 
-def switch_on(environ: Optional[Mapping[str, str]] = None) -> bool:
+def switch_on(environ: Mapping[str, str] | None = None) -> bool:
     # No warning here: an unrecognised value was already told at start-up, by the .pth's
     # _trl_compat_auto, in every process that inherited it.
     return settings.is_on(SWITCH, environ)
@@ -74,14 +74,14 @@ def is_bootstrap_dir(path: str) -> bool:
     return os.path.normpath(path).endswith(os.sep + tail) and os.path.isfile(os.path.join(path, "sitecustomize.py"))
 
 
-def launcher_on_pythonpath(environ: Optional[Mapping[str, str]] = None) -> bool:
+def launcher_on_pythonpath(environ: Mapping[str, str] | None = None) -> bool:
     environ = os.environ if environ is None else environ
     return any(is_bootstrap_dir(entry) for entry in environ.get("PYTHONPATH", "").split(os.pathsep))
 
 
-def site_dirs() -> List[str]:
+def site_dirs() -> list[str]:
     """The directories whose ``.pth`` files this interpreter processes at start-up."""
-    dirs: List[str] = []
+    dirs: list[str] = []
     try:
         dirs.extend(site.getsitepackages())
     except AttributeError:  # old virtualenv's site.py
@@ -91,11 +91,11 @@ def site_dirs() -> List[str]:
     return dirs
 
 
-def installed_site_files(name: str = PTH_FILE) -> List[str]:
+def installed_site_files(name: str = PTH_FILE) -> list[str]:
     return [os.path.join(d, name) for d in site_dirs() if os.path.isfile(os.path.join(d, name))]
 
 
-def describe(environ: Optional[Mapping[str, str]] = None) -> Dict[str, object]:
+def describe(environ: Mapping[str, str] | None = None) -> dict[str, object]:
     """Whether trl_compat is active automatically here, how, and how this process got it."""
     environ = os.environ if environ is None else environ
     pth, start = installed_site_files(PTH_FILE), installed_site_files(START_FILE)

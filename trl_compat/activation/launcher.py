@@ -14,16 +14,16 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from typing import Dict, List, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 from trl_compat.activation import BOOTSTRAP_DIR, is_bootstrap_dir
 
 
-def child_environment(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+def child_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """``environ`` (default: ``os.environ``) with the bootstrap directory first on ``PYTHONPATH``."""
     env = dict(os.environ if environ is None else environ)
     old = env.get("PYTHONPATH")
-    entries: List[str] = old.split(os.pathsep) if old else []
+    entries: list[str] = old.split(os.pathsep) if old else []
     # Already there (a nested `trl-compat run`, maybe of another copy)? Ours goes to the
     # front, so no other sitecustomize on PYTHONPATH shadows it; the rest stays as it was.
     kept = [e for e in entries if not is_bootstrap_dir(e)]

@@ -11,13 +11,15 @@ trigger module is, so a process that never imports TRL never loads a patch. A ne
 module (or a small package) here, one entry below, and its tests (named after its id).
 
 Patches whose ``changes`` overlap stack in this order (the engine keeps it whatever order they
-are installed and reverted in).
+are installed and reverted in); the entries are grouped by subject, and a comment above an entry
+says where it stacks when that is not plain. Fields most entries share are defaults (see
+``Patch``): ``trigger`` the GRPO trainer's module, ``must_exist`` its ``GRPOTrainer``, ``impl``
+the module named after the id; an entry spells them out only where it differs.
 """
 
+from trl_compat._engine.patch import GRPO_MODULE as GRPO_MODULE  # the default trigger, named here for callers
 from trl_compat._engine.patch import Patch
 from trl_compat._engine.versions import affected
-
-GRPO_MODULE = "trl.trainer.grpo_trainer"
 
 # The TRL releases this version of trl_compat knows: every patch's window and probe were checked
 # against them (matrix/SWEEP.md). GRPOTrainer appeared in 0.14.0. `python -m trl_compat` says when
@@ -83,11 +85,13 @@ PROMPT_GENERATION = (
 )
 
 PATCHES = [
+    # -- transformers 5 next to TRL < 0.20 ---------------------------------------------------------
     Patch(
         id="transformers5-import",
         summary="TRL < 0.20 on transformers 5: optional-package flags are truthy tuples, so `from trl import GRPOTrainer` fails",
         symptom="`from trl import GRPOTrainer`: ModuleNotFoundError: No module named 'requests' (or vllm, mergekit, llm_blender, ...)",
         upstream="https://github.com/huggingface/trl/pull/5129 (TRL 0.29.0 stops using transformers' _is_package_available)",
+        fixed_in={"trl": "0.29.0"},
         trigger="trl.import_utils",
         must_exist="_is_package_available",
         changes=TRL_IMPORT_FLAGS,
@@ -97,7 +101,6 @@ PATCHES = [
             "trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0", "0.29.0"]},
             "transformers": {"inside": ["5.0.0"], "outside": ["4.57.0"]},
         },
-        impl="trl_compat.patches.transformers5_import",
         remove_when=TRANSFORMERS5_REMOVE_WHEN,
     ),
     Patch(
@@ -108,7 +111,7 @@ PATCHES = [
             "TypeError: Field 'use_cache' expected bool, got NoneType (value: None)"
         ),
         upstream="none for TRL 0.14-0.19; TRL 0.20's model loading rewrite (PR #3072) no longer passes use_cache=None",
-        trigger=GRPO_MODULE,
+        fixed_in={"trl": "0.20.0"},
         must_exist="GRPOTrainer",  # the fix replaces the module's AutoModelForCausalLM; TRL's class must be there
         changes=("AutoModelForCausalLM",),
         requires=TRANSFORMERS5,
@@ -117,7 +120,6 @@ PATCHES = [
             "trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0"]},
             "transformers": {"inside": ["5.0.0"], "outside": ["4.57.0"]},
         },
-        impl="trl_compat.patches.transformers5_use_cache",
         remove_when=TRANSFORMERS5_REMOVE_WHEN,
     ),
     Patch(
@@ -125,7 +127,7 @@ PATCHES = [
         summary="TRL < 0.27.2 on transformers >= 5.1: GRPOTrainer.__init__ sets model.warnings_issued, which is gone",
         symptom="AttributeError: 'Qwen2ForCausalLM' object has no attribute 'warnings_issued'",
         upstream="https://github.com/huggingface/trl/pull/4960 (fixed in 0.27.2)",
-        trigger=GRPO_MODULE,
+        fixed_in={"trl": "0.27.2"},
         must_exist="GRPOTrainer",  # the fix is on transformers' PreTrainedModel; TRL's class must be there
         changes=("transformers.modeling_utils:PreTrainedModel.warnings_issued",),
         # Its own window, not TRANSFORMERS5: the line lives on in TRL 0.20 - 0.27.1 (0.27.2 removed it), and
@@ -135,9 +137,9 @@ PATCHES = [
             "trl": {"inside": ["0.14.0", "0.19.1", "0.20.0", "0.27.1", "0.27.2.dev0"], "outside": ["0.27.2", "0.28.0"]},
             "transformers": {"inside": ["5.1.0", "5.23.0"], "outside": ["4.57.0", "5.0.0"]},
         },
-        impl="trl_compat.patches.transformers5_warnings_issued",
         remove_when="trl_compat drops TRL < 0.27.2 on transformers >= 5.1",
     ),
+    # -- PEFT, DeepSpeed ZeRO-3, the data loader, evaluation (TRL 0.14 - 0.18) --------------------
     Patch(
         id="peft-optional",
         summary="GRPO without peft installed: 'is this a PeftModel?' is no, and peft_config raises a clear ImportError early",
@@ -146,13 +148,12 @@ PATCHES = [
             "https://github.com/huggingface/trl/issues/2849 (PeftModel NameError from PR #2725, fixed by PR #2850/#2818 "
             "before 0.15.0); get_peft_model NameError fixed by PR #2848 in 0.16.0"
         ),
-        trigger=GRPO_MODULE,
+        fixed_in={"trl": "0.16.0"},
         must_exist="GRPOTrainer",  # the class: __init__ can never be missing (it is inherited)
         changes=("PeftModel", "PeftConfig", "get_peft_model", "GRPOTrainer.__init__"),
         # main reported 0.16.0.dev0 for five days before PR #2848 added the guard: the probe decides.
         requires={"trl": affected("0.14.0", "0.16.0")},
         witnesses={"trl": {"inside": ["0.14.0", "0.15.0.dev0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}},
-        impl="trl_compat.patches.peft_optional",
         remove_when="trl_compat drops support for TRL < 0.16.0 (and 0.16.0.dev0 installs older than PR #2848)",
     ),
     Patch(
@@ -168,12 +169,12 @@ PATCHES = [
             "https://github.com/huggingface/trl/issues/2782 (crash; guard in PR #2776, 0.15.0); "
             "hooks left in place fixed by PR #2871 in 0.16.0"
         ),
+        fixed_in={"trl": "0.16.0"},
         trigger="trl.models.utils",
         must_exist="unwrap_model_for_generation",
         changes=UNWRAP_BINDINGS,
         requires={"trl": affected("0.14.0", "0.16.0"), "deepspeed": ">=0"},
         witnesses={"trl": {"inside": ["0.14.0", "0.15.0.dev0", "0.15.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}},
-        impl="trl_compat.patches.zero3_unwrap",
         remove_when="trl_compat drops support for TRL < 0.16.0 (and 0.16.0.dev0 installs older than PR #2871)",
     ),
     Patch(
@@ -184,6 +185,7 @@ PATCHES = [
             "https://github.com/deepspeedai/DeepSpeed/pull/6847 renamed _register_hooks_recursively "
             "(DeepSpeed 0.16.4); TRL handles both names from 0.16.0"
         ),
+        fixed_in={"trl": "0.16.0"},
         trigger="trl.models.utils",
         must_exist="add_hooks",
         changes=("add_hooks",),
@@ -193,7 +195,6 @@ PATCHES = [
             "trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]},
             "deepspeed": {"inside": ["0.16.4"], "outside": []},
         },
-        impl="trl_compat.patches.zero3_hooks_api",
         remove_when="trl_compat drops support for TRL < 0.16.0",
     ),
     Patch(
@@ -207,14 +208,11 @@ PATCHES = [
             "https://github.com/huggingface/trl/issues/2770 (name mismatch; PR #2773 added a fallback slice in 0.15.0, "
             "PR #3553 removed it in 0.19.0); transformers PR #37149 removed num_logits_to_keep in 4.52"
         ),
-        trigger=GRPO_MODULE,
-        must_exist="GRPOTrainer",
         changes=("GRPOTrainer._get_per_token_logps", "GRPOTrainer._prepare_inputs"),
         # 0.20 renamed the entry point (_get_per_token_logps_and_entropies) and requires transformers>=4.53.2;
         # its 0.20.0.dev0 builds before PR #3563 carry 0.19's code: the probe tells them apart.
         requires={"trl": affected("0.14.0", "0.20.0")},
         witnesses={"trl": {"inside": ["0.14.0", "0.15.0", "0.18.2", "0.19.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0"]}},
-        impl="trl_compat.patches.logits_to_keep",
         remove_when=(
             "trl_compat drops TRL < 0.20, or requires transformers >= 4.49 for TRL 0.15-0.18 and no longer supports "
             "TRL 0.14.0/0.19.x with models whose forward lacks logits_to_keep"
@@ -229,7 +227,7 @@ PATCHES = [
             "transformers PR #38090 (4.52: sampler_fn(dataset)) and #38226; "
             "fixed in TRL by PR #3283 (0.17.0, own get_train_dataloader) and PR #3488 (0.18.0, dataset argument)"
         ),
-        trigger=GRPO_MODULE,
+        fixed_in={"trl": "0.17.0"},
         must_exist="GRPOTrainer",  # the override it wraps is inherited from Trainer once removed: the class is what must exist
         changes=("GRPOTrainer._get_train_sampler", "GRPOTrainer._get_eval_sampler"),
         requires={"trl": affected("0.15.0", "0.17.0"), "transformers": affected("4.52.0")},
@@ -237,7 +235,6 @@ PATCHES = [
             "trl": {"inside": ["0.15.0", "0.16.1", "0.17.0.dev0"], "outside": ["0.14.0", "0.17.0", "0.18.0"]},
             "transformers": {"inside": ["4.52.0"], "outside": ["4.51.3"]},
         },
-        impl="trl_compat.patches.train_sampler_signature",
         remove_when="trl_compat no longer supports TRL < 0.17.0 (and 0.17.0.dev0 installs older than PR #3283)",
     ),
     Patch(
@@ -249,13 +246,11 @@ PATCHES = [
             "(spawn workers: Can't pickle local object 'GRPOTrainer.__init__.<locals>.data_collator')"
         ),
         upstream="https://github.com/huggingface/trl/pull/3568 (issues #3544, #2979, #3567; fixed in 0.18.2)",
-        trigger=GRPO_MODULE,
-        must_exist="GRPOTrainer",
+        fixed_in={"trl": "0.18.2"},
         changes=("GRPOTrainer.get_train_dataloader", "GRPOTrainer.__init__"),
         # Up to 0.19.0: 0.18.2 holds the fix (the probe finds it), 0.19.0.dev0 builds may not.
         requires={"trl": affected("0.14.0", "0.19.0")},
         witnesses={"trl": {"inside": ["0.14.0", "0.17.0", "0.18.1", "0.18.2", "0.19.0.dev0"], "outside": ["0.19.0"]}},
-        impl="trl_compat.patches.dataloader_workers",
         remove_when="trl_compat no longer supports TRL < 0.18.2",
     ),
     Patch(
@@ -264,26 +259,24 @@ PATCHES = [
         "eval_loss, eval_reward, ... logged apart from the training metrics",
         symptom="AttributeError: 'list' object has no attribute 'get'",
         upstream="https://github.com/huggingface/trl/pull/2694 (fixed in 0.15.0; metrics split by mode in 0.16.0)",
-        trigger=GRPO_MODULE,
+        fixed_in={"trl": "0.15.0"},
         must_exist="GRPOTrainer",  # log and prediction_step fall back to Trainer's: the class is what must exist
         changes=("GRPOTrainer.prediction_step", "GRPOTrainer.log"),
         requires={"trl": affected("0.14.0", "0.15.0")},
         witnesses={"trl": {"inside": ["0.14.0", "0.15.0.dev0"], "outside": ["0.15.0", "0.16.0"]}},
-        impl="trl_compat.patches.grpo_eval_014",
         remove_when="trl_compat no longer supports TRL 0.14.x (and 0.15.0.dev0 installs older than PR #2694)",
     ),
+    # -- vLLM weight sync (TRL 0.14 - 0.15) --------------------------------------------------------
     Patch(
         id="vllm-lora-names",
         summary="LoRA + use_vllm: PEFT names and unmerged weights went to vLLM ('no module or parameter "
         "named base_model'); send base names and merged weights instead",
         symptom="ValueError: There is no module or parameter named 'base_model' in Qwen2ForCausalLM",
         upstream="https://github.com/huggingface/trl/issues/2698 (fixed by PR #2725 in 0.15.0; merged values in 0.15.1)",
-        trigger=GRPO_MODULE,
-        must_exist="GRPOTrainer",
+        fixed_in={"trl": "0.15.0"},
         changes=("GRPOTrainer._move_model_to_vllm", "GRPOTrainer.compute_loss", "GRPOTrainer._prepare_inputs"),
         requires={"trl": affected("0.14.0", "0.15.0"), "vllm": ">=0"},
         witnesses={"trl": {"inside": ["0.14.0", "0.15.0.dev0"], "outside": ["0.15.0", "0.15.1"]}},
-        impl="trl_compat.patches.vllm_lora_names",
         remove_when="TRL < 0.15.0 is no longer supported",
     ),
     Patch(
@@ -292,13 +285,12 @@ PATCHES = [
         "send merged weights computed out of place instead",
         symptom="silent: vLLM generates from the base model, not the LoRA-merged one; the reward curve stays flat",
         upstream="https://github.com/huggingface/trl/issues/2856 (fixed by PR #2873 in 0.15.1)",
-        trigger=GRPO_MODULE,
+        fixed_in={"trl": "0.15.1"},
         must_exist="GRPOTrainer._move_model_to_vllm",
         changes=("GRPOTrainer._move_model_to_vllm",),
         requires={"trl": affected("0.15.0", "0.16.0"), "vllm": ">=0"},
         # The fix was released in 0.15.1 (where the probe finds it) and landed on main as 0.16.0.dev0.
         witnesses={"trl": {"inside": ["0.15.0", "0.15.0.dev0", "0.15.1", "0.15.2", "0.16.0.dev0"], "outside": ["0.14.0", "0.16.0"]}},
-        impl="trl_compat.patches.vllm_merged_weights",
         remove_when="TRL < 0.15.1 is no longer supported",
     ),
     # after vllm-merged-weights: it wraps the same method
@@ -307,14 +299,14 @@ PATCHES = [
         summary="use_vllm: vLLM's prefix cache kept KV from older weights after each sync; reset it",
         symptom="silent: completions sampled with KV cached under older weights (off-policy), no error",
         upstream="https://github.com/huggingface/trl/issues/3024 (fixed in 0.16.0)",
-        trigger=GRPO_MODULE,
+        fixed_in={"trl": "0.16.0"},
         must_exist="GRPOTrainer._move_model_to_vllm",
         changes=("GRPOTrainer._move_model_to_vllm",),
         requires={"trl": affected("0.15.0", "0.16.0"), "vllm": ">=0"},
         witnesses={"trl": {"inside": ["0.15.0", "0.15.1", "0.15.2", "0.16.0.dev0"], "outside": ["0.14.0", "0.16.0"]}},
-        impl="trl_compat.patches.vllm_prefix_cache",
         remove_when="TRL 0.15.x is no longer supported",
     ),
+    # -- log-probs (TRL 0.14 - 0.15) ---------------------------------------------------------------
     # 0.14.0: logps-attention-mask and logps-temperature wrap compute_loss (as does vllm-lora-names),
     # each scoping hooks to TRL's log-prob calls; on 0.15, logps-temperature wraps _get_per_token_logps
     # above logits-to-keep
@@ -323,12 +315,11 @@ PATCHES = [
         summary="pass the attention mask to TRL 0.14.0's policy and reference log-prob forwards",
         symptom="silent: left-padding attended to in the policy and reference log-probs and the KL",
         upstream="https://github.com/huggingface/trl/pull/2708 (fixed in 0.15.0)",
-        trigger=GRPO_MODULE,
+        fixed_in={"trl": "0.15.0"},
         must_exist="GRPOTrainer",  # compute_loss is inherited from Trainer once removed: the class is what must exist
         changes=("GRPOTrainer.compute_loss",),
         requires={"trl": affected("0.14.0", "0.15.0")},
         witnesses={"trl": {"inside": ["0.14.0", "0.15.0.dev0"], "outside": ["0.15.0"]}},
-        impl="trl_compat.patches.logps_attention_mask",
         remove_when="TRL 0.14.0 is no longer supported",
     ),
     Patch(
@@ -336,15 +327,14 @@ PATCHES = [
         summary="opt-in (TRL_COMPAT_LOGPS_TEMPERATURE=1): compute GRPO log-probs at the sampling temperature, as TRL 0.16 does",
         symptom="silent: log-probs computed at temperature 1 for completions sampled at GRPOConfig.temperature",
         upstream="https://github.com/huggingface/trl/pull/3029 (fixed in 0.16.0)",
-        trigger=GRPO_MODULE,
-        must_exist="GRPOTrainer",
+        fixed_in={"trl": "0.16.0"},
         changes=("GRPOTrainer._get_per_token_logps", "GRPOTrainer._get_per_token_logps_and_entropies", "GRPOTrainer.compute_loss"),
         requires={"trl": affected("0.14.0", "0.16.0")},
         witnesses={"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}},
-        impl="trl_compat.patches.logps_temperature",
         opt_in="TRL_COMPAT_LOGPS_TEMPERATURE",
         remove_when="TRL 0.15.x is no longer supported",
     ),
+    # -- trainer set-up, resuming, reward models (TRL 0.14 - 0.16) ---------------------------------
     # pad-token wraps __init__ to set the pad token before TRL reads it; peft-gradient-checkpointing
     # wraps it too, to act after it
     Patch(
@@ -352,12 +342,10 @@ PATCHES = [
         summary="tokenizer without a pad token: use its EOS token as pad token, as TRL 0.17 does",
         symptom="ValueError: Asking to pad but the tokenizer does not have a padding token",
         upstream="https://github.com/huggingface/trl/issues/3287 (fixed by PR #3290 in 0.17.0)",
-        trigger=GRPO_MODULE,
-        must_exist="GRPOTrainer",
+        fixed_in={"trl": "0.17.0"},
         changes=("GRPOTrainer.__init__",),
         requires={"trl": affected("0.14.0", "0.17.0")},
         witnesses={"trl": {"inside": ["0.14.0", "0.16.1", "0.17.0.dev0"], "outside": ["0.17.0"]}},
-        impl="trl_compat.patches.pad_token",
         remove_when="TRL 0.16.x is no longer supported",
     ),
     Patch(
@@ -365,12 +353,10 @@ PATCHES = [
         summary="LoRA + reentrant gradient checkpointing: make the embedding output require grad, as TRL 0.16 does",
         symptom="RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn",
         upstream="https://github.com/huggingface/trl/issues/2671 (fixed by PR #2848 in 0.16.0)",
-        trigger=GRPO_MODULE,
-        must_exist="GRPOTrainer",
+        fixed_in={"trl": "0.16.0"},
         changes=("GRPOTrainer.__init__",),
         requires={"trl": affected("0.14.0", "0.16.0"), "peft": ">=0.0.dev0"},
         witnesses={"trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]}},
-        impl="trl_compat.patches.peft_gradient_checkpointing",
         remove_when="TRL 0.15.x is no longer supported",
     ),
     Patch(
@@ -379,12 +365,11 @@ PATCHES = [
         "(TypeError); generate when the buffer is empty, as TRL 0.17.0 does",
         symptom="TypeError: 'NoneType' object is not subscriptable",
         upstream="https://github.com/huggingface/trl/pull/3148 (fixed in 0.17.0)",
-        trigger=GRPO_MODULE,
+        fixed_in={"trl": "0.17.0"},
         must_exist="GRPOTrainer",  # _prepare_inputs is inherited from transformers' Trainer where TRL has none
         changes=("GRPOTrainer._prepare_inputs",),
         requires={"trl": affected("0.16.0", "0.17.0")},
         witnesses={"trl": {"inside": ["0.16.0", "0.16.1", "0.17.0.dev0"], "outside": ["0.15.2", "0.17.0"]}},
-        impl="trl_compat.patches.resume_buffered_inputs",
         remove_when="trl_compat no longer supports TRL 0.16.x",
     ),
     Patch(
@@ -393,14 +378,13 @@ PATCHES = [
         "failed (Padding_idx must be within num_embeddings); prepare it with prepare_deepspeed",
         symptom="AssertionError: Padding_idx must be within num_embeddings",
         upstream="https://github.com/huggingface/trl/issues/3202 (fixed by PR #3326 in 0.17.0)",
-        trigger=GRPO_MODULE,
-        must_exist="GRPOTrainer",
+        fixed_in={"trl": "0.17.0"},
         changes=("GRPOTrainer.__init__",),
         requires={"trl": affected("0.14.0", "0.17.0"), "deepspeed": ">=0"},
         witnesses={"trl": {"inside": ["0.14.0", "0.16.1", "0.17.0.dev0"], "outside": ["0.17.0"]}},
-        impl="trl_compat.patches.reward_model_zero3",
         remove_when="trl_compat no longer supports TRL < 0.17.0",
     ),
+    # -- vLLM prompts (TRL 0.14 - 0.23) ------------------------------------------------------------
     # the three prompt patches wrap the same generation method; each corrects only its own part of
     # vLLM's prompt
     Patch(
@@ -411,12 +395,10 @@ PATCHES = [
             "prompt (length ...) is longer than the maximum model length of ...)"
         ),
         upstream="https://github.com/huggingface/trl/issues/3569 (fixed in 0.19.0 by PR #3601)",
-        trigger=GRPO_MODULE,
-        must_exist="GRPOTrainer",
+        fixed_in={"trl": "0.19.0"},
         changes=PROMPT_GENERATION,
         requires={"trl": affected("0.14.0", "0.19.0"), "vllm": ">=0"},
         witnesses={"trl": {"inside": ["0.14.0", "0.18.2", "0.19.0.dev0"], "outside": ["0.19.0"]}},
-        impl="trl_compat.patches.vllm_prompt_truncation",
         remove_when="TRL < 0.19 is no longer supported",
     ),
     Patch(
@@ -424,12 +406,10 @@ PATCHES = [
         summary="use_vllm: TRL 0.19.0 stripped chat-template tokens and BOS from every vLLM prompt",
         symptom="silent: every vLLM prompt loses its chat-template tokens and BOS; mangled completions",
         upstream="https://github.com/huggingface/trl/issues/3644 (fixed in 0.19.1 by PRs #3651, #3698)",
-        trigger=GRPO_MODULE,
-        must_exist="GRPOTrainer",
+        fixed_in={"trl": "0.19.1"},
         changes=PROMPT_GENERATION,
         requires={"trl": affected("0.19.0", "0.20.0"), "vllm": ">=0"},
         witnesses={"trl": {"inside": ["0.19.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.18.2", "0.20.0"]}},
-        impl="trl_compat.patches.vllm_prompt_special_tokens",
         remove_when="TRL 0.19.0 is no longer supported",
     ),
     Patch(
@@ -437,29 +417,28 @@ PATCHES = [
         summary="use_vllm: vLLM added a second BOS (the tokenizer's) to chat-templated prompts training tokenised with one",
         symptom="silent: vLLM generates after two BOS tokens where training has one; lower reward with vLLM",
         upstream="https://github.com/huggingface/trl/issues/3853 (fixed in 0.24.0 by PR #4152)",
-        trigger=GRPO_MODULE,
-        must_exist="GRPOTrainer",
+        fixed_in={"trl": "0.24.0"},
         changes=PROMPT_GENERATION,
         requires={"trl": affected("0.14.0", "0.24.0"), "vllm": ">=0"},
         witnesses={"trl": {"inside": ["0.14.0", "0.19.1", "0.20.0", "0.23.1", "0.24.0.dev0"], "outside": ["0.24.0"]}},
-        impl="trl_compat.patches.vllm_double_bos",
         remove_when="TRL < 0.24 is no longer supported",
     ),
+    # -- vLLM engine and weight sync (TRL 0.16+) ---------------------------------------------------
     Patch(
         id="vllm-v1-engine",
         summary="use_vllm on vLLM >= 0.8: V1 engine has no llm_engine.model_executor; default VLLM_USE_V1=0",
         symptom="AttributeError: 'LLMEngine' object has no attribute 'model_executor'",
         upstream="https://github.com/huggingface/trl/issues/3115 (never fixed in-process; server mode in 0.16.0)",
-        trigger=GRPO_MODULE,
-        must_exist="GRPOTrainer",
+        fixed_in={},
         changes=("GRPOTrainer.__init__",),
         requires={"trl": affected("0.14.0", "0.16.0"), "vllm": affected("0.8.0")},
         witnesses={
             "trl": {"inside": ["0.14.0", "0.15.2", "0.16.0.dev0"], "outside": ["0.16.0"]},
             "vllm": {"inside": ["0.8.0", "0.8.5.post2", "0.10.2"], "outside": ["0.7.2"]},
         },
-        impl="trl_compat.patches.vllm_v1_engine",
-        remove_when="TRL 0.14.x and 0.15.x are no longer supported",
+        remove_when=(
+            "TRL 0.14.x and 0.15.x are no longer supported (or vLLM < 0.11, the last releases with the V0 engine the patch selects)"
+        ),
     ),
     Patch(
         id="fsdp2-vllm-sync",
@@ -471,19 +450,17 @@ PATCHES = [
         ),
         upstream="https://github.com/huggingface/trl/pull/3687 (fixed in 0.20.0; reported in PR #3670); "
         "LoRA names: PR #4603 (fixed in 0.26.0)",
-        trigger=GRPO_MODULE,
-        must_exist="GRPOTrainer",
+        fixed_in={"trl": "0.20.0"},
         changes=("GRPOTrainer._sync_fsdp_params_to_vllm", "GRPOTrainer._sync_fsdp2_params_to_vllm"),
         requires={"trl": affected("0.18.0", "0.26.0"), "vllm": ">=0"},
         witnesses={
             "trl": {"inside": ["0.18.0", "0.19.1", "0.20.0", "0.24.0", "0.25.1", "0.26.0.dev0"], "outside": ["0.17.0", "0.26.0"]}
         },
-        impl="trl_compat.patches.fsdp2_vllm_sync",
         remove_when="TRL < 0.26 is no longer supported",
     ),
-    # branch `sleep`: colocated vLLM of TRL 0.25+. vllm-sleep-mode-weights wraps __init__ only to
-    # register the engine after TRL built it (every other __init__ wrapper's window ends before
-    # 0.20: no stacking), and vLLM's LLM methods, which no other patch changes
+    # vllm-sleep-mode-weights wraps __init__ only to register the engine after TRL built it (every
+    # other __init__ wrapper's window ends before 0.20: no stacking), and vLLM's LLM methods, which
+    # no other patch changes
     Patch(
         id="vllm-sleep-mode-weights",
         summary="colocate + vllm_enable_sleep_mode: sync after every level-2 sleep and keep TRL's reload from disk "
@@ -493,7 +470,7 @@ PATCHES = [
             "importance-sampling ratio ~1e-7) or from garbage weights (0.25)"
         ),
         upstream="https://github.com/huggingface/trl/issues/5312 (not fixed in 0.x; PR #5313; vllm#29341)",
-        trigger=GRPO_MODULE,
+        fixed_in={},
         must_exist="GRPOTrainer._generate_single_turn",
         changes=(
             "GRPOTrainer.__init__",
@@ -505,7 +482,6 @@ PATCHES = [
         ),
         requires={"trl": affected("0.25.0"), "vllm": ">=0"},
         witnesses={"trl": {"inside": ["0.25.0", "0.26.0", "0.28.0", "0.29.1", "1.0.0"], "outside": ["0.24.0", "0.23.1"]}},
-        impl="trl_compat.patches.vllm_sleep_mode_weights",
         remove_when="trl_compat no longer supports TRL 0.25.0 - 0.29.1 (no 0.x release fixes it)",
     ),
     Patch(
@@ -514,7 +490,7 @@ PATCHES = [
         "(the engine moved to vllm_generation.llm)",
         symptom="AttributeError: 'GRPOTrainer' object has no attribute 'llm'",
         upstream="https://github.com/huggingface/trl/issues/5301 (fixed by PR #5302 in 0.29.1)",
-        trigger=GRPO_MODULE,
+        fixed_in={"trl": "0.29.1"},
         must_exist="GRPOTrainer._tool_call_loop",
         changes=("GRPOTrainer.llm",),
         # TRL 0.28 / 0.29.0 refuse tools on transformers < 5 (ImportError): the loop is reached on 5+ only
@@ -523,10 +499,9 @@ PATCHES = [
             "trl": {"inside": ["0.28.0", "0.29.0", "0.29.1.dev0"], "outside": ["0.27.2", "0.29.1"]},
             "transformers": {"inside": ["5.0.0", "5.2.0"], "outside": ["4.57.6"]},
         },
-        impl="trl_compat.patches.tools_colocate_llm_attr",
         remove_when="TRL 0.28.x and 0.29.0 are no longer supported",
     ),
-    # -- branch standin: vLLM's raw log-probs in TRL's importance-sampling correction (0.23+) --------
+    # -- vLLM's raw log-probs in TRL's importance-sampling correction (TRL 0.23+) ------------------
     # Two ids for one bug: the registry takes one trigger module per patch, and the server half runs
     # in the `trl vllm-serve` process (trl.scripts.vllm_serve), not the trainer's. Both replace only
     # their module's `LLM` global, which no other patch changes.
@@ -535,15 +510,13 @@ PATCHES = [
         summary="use_vllm colocate: vLLM's raw (temperature 1) log-probs fed the IS ratio; build the engine with processed ones",
         symptom="silent: importance-sampling ratio far from 1 (at the cap at low temperature); token losses reweighted wrongly",
         upstream="https://github.com/huggingface/trl/issues/4159 (fixed for colocate in 0.24.0 by PR #4163)",
-        trigger=GRPO_MODULE,
-        must_exist="GRPOTrainer",
+        fixed_in={"trl": "0.24.0"},
         changes=("LLM",),
         requires={"trl": affected("0.23.0", "0.24.0"), "vllm": affected("0.10.0")},
         witnesses={
             "trl": {"inside": ["0.23.0", "0.23.1", "0.24.0.dev0"], "outside": ["0.22.2", "0.24.0"]},
             "vllm": {"inside": ["0.10.0", "0.10.2"], "outside": ["0.9.1"]},
         },
-        impl="trl_compat.patches.vllm_is_raw_logprobs",
         remove_when="TRL 0.23.x is no longer supported",
     ),
     Patch(
@@ -551,6 +524,7 @@ PATCHES = [
         summary="trl vllm-serve: the server's vLLM returned raw (temperature 1) log-probs to the IS ratio; use processed ones",
         symptom="silent: importance-sampling ratio far from 1 in server mode; with sequence_mask most sequences dropped (#4772)",
         upstream="https://github.com/huggingface/trl/pull/4873 (fixed in 0.27.1; server half of TRL issue #4159)",
+        fixed_in={"trl": "0.27.1"},
         trigger="trl.scripts.vllm_serve",
         must_exist="llm_worker",
         changes=("LLM",),
@@ -559,10 +533,9 @@ PATCHES = [
             "trl": {"inside": ["0.23.0", "0.24.0", "0.27.0", "0.27.1.dev0"], "outside": ["0.22.2", "0.27.1"]},
             "vllm": {"inside": ["0.10.0", "0.12.0"], "outside": ["0.9.1"]},
         },
-        impl="trl_compat.patches.vllm_serve_raw_logprobs",
         remove_when="TRL < 0.27.1 is no longer supported",
     ),
-    # -- imports: TRL 0.16 - 0.27 next to newer vLLM releases, and TRL 0.26.0's server-mode chat --
+    # -- imports: TRL 0.16 - 0.27 next to newer vLLM releases; TRL 0.26.0's server-mode chat -------
     Patch(
         id="vllm-guided-decoding-import",
         summary="vLLM >= 0.12: GuidedDecodingParams put back (built as StructuredOutputsParams); TRL's guided_decoding= "
@@ -570,6 +543,7 @@ PATCHES = [
         symptom="`from trl import GRPOTrainer` (or `trl vllm-serve`): ImportError: cannot import name 'GuidedDecodingParams' "
         "from 'vllm.sampling_params'",
         upstream="https://github.com/huggingface/trl/issues/4617 (vLLM PR #29326 removed the name; fixed by TRL PR #4117 in 0.27.0)",
+        fixed_in={"trl": "0.27.0"},
         # The package: it is imported before the TRL modules that import the name, whose own import
         # would be too late a trigger (see the patch's docstring).
         trigger="trl",
@@ -587,7 +561,6 @@ PATCHES = [
             "trl": {"inside": ["0.16.0", "0.18.0", "0.26.2", "0.27.0.dev0"], "outside": ["0.15.2", "0.27.0"]},
             "vllm": {"inside": ["0.12.0", "0.14.0"], "outside": ["0.11.2"]},
         },
-        impl="trl_compat.patches.vllm_guided_decoding_import",
         remove_when="trl_compat no longer supports TRL < 0.27.0",
     ),
     Patch(
@@ -595,6 +568,7 @@ PATCHES = [
         summary="vLLM >= 0.14: vllm.utils.get_open_port re-exported from vllm.utils.network_utils, so `trl vllm-serve` starts",
         symptom="`trl vllm-serve`: ImportError: cannot import name 'get_open_port' from 'vllm.utils'",
         upstream="https://github.com/huggingface/trl/pull/4883 (fixed in 0.28.0)",
+        fixed_in={"trl": "0.28.0"},
         trigger="vllm.utils",
         must_exist="__name__",  # the module itself: what the patch adds is the name it lacks
         changes=("get_open_port",),
@@ -603,7 +577,6 @@ PATCHES = [
             "trl": {"inside": ["0.17.0", "0.26.2", "0.27.2", "0.28.0.dev0"], "outside": ["0.16.0", "0.28.0"]},
             "vllm": {"inside": ["0.14.0"], "outside": ["0.13.0", "0.12.0"]},
         },
-        impl="trl_compat.patches.vllm_serve_get_open_port",
         remove_when="trl_compat no longer supports TRL < 0.28.0",
     ),
     Patch(
@@ -611,26 +584,28 @@ PATCHES = [
         summary="TRL 0.26.0 server mode: tools=[] reaches VLLMClient.chat as None, so chat prompts without tools generate",
         symptom="NotImplementedError: Tool calling is not yet implemented in VLLMClient.chat().",
         upstream="https://github.com/huggingface/trl/pull/4663 (fixed in 0.26.1)",
-        trigger=GRPO_MODULE,
+        fixed_in={"trl": "0.26.1"},
         must_exist="GRPOTrainer",  # the trainer binds VLLMClient from trl.extras.vllm_client, whose chat is wrapped
         changes=("trl.extras.vllm_client:VLLMClient.chat",),
         # use_vllm=True needs vLLM installed; the fix reached 0.26.1 as a cherry-pick and main as
         # 0.27.0.dev0 (26f989efa): the probe tells them apart
         requires={"trl": affected("0.26.0", "0.27.0"), "vllm": ">=0"},
         witnesses={"trl": {"inside": ["0.26.0", "0.26.1", "0.27.0.dev0"], "outside": ["0.25.1", "0.27.0"]}},
-        impl="trl_compat.patches.tools_empty_list_server",
         remove_when="trl_compat no longer supports TRL 0.26.0",
     ),
-    # Known breaks with newer (or older) vLLM / transformers / peft that an upgrade ends and no fix
-    # here could be proved on the CPU (branch `advice`): the probe says "undecided" with the upgrade
-    # to make, so the report names it and TRL_COMPAT_STRICT=1 stops at `import trl`. Their apply
-    # never runs; `changes` names what the upstream shim changes, which no other entry declares.
+    # -- advice: known breaks an upgrade ends ------------------------------------------------------
+    # Known breaks with newer (or older) vLLM / transformers / peft that no fix here could be
+    # proved for on the CPU (kind="advice"): the probe says "undecided" with the upgrade to make, so
+    # the report names it and TRL_COMPAT_STRICT=1 stops at `import trl`. `changes` names what the
+    # upstream shim changes, which no other entry declares.
     # "vllm" comes right after "trl" in requires: without vLLM the gate then says "vllm is not installed".
     Patch(
         id="vllm-disabled-tqdm",
+        kind="advice",
         summary="advice only: vLLM < 0.11.1 with huggingface_hub 1.1 - 1.9 cannot download a model; upgrade vLLM",
         symptom="TypeError: ...__init__() got multiple values for keyword argument 'disable' (vLLM's DisabledTqdm, loading a model)",
         upstream="https://github.com/vllm-project/vllm/pull/28471 (fixed in vLLM 0.11.1; TRL shims it from 0.26.0, commit ca21dd94c)",
+        fixed_in={"vllm": "0.11.1", "trl": "0.26.0"},
         trigger="trl.import_utils",
         must_exist="is_vllm_available",
         changes=("vllm.model_executor.model_loader.weight_utils:DisabledTqdm",),
@@ -645,14 +620,15 @@ PATCHES = [
             "vllm": {"inside": ["0.1.0", "0.10.2", "0.11.0", "0.11.1.dev0"], "outside": ["0.11.1", "0.12.0"]},
             "huggingface_hub": {"inside": ["1.1.0", "1.9.2"], "outside": ["0.36.2", "1.0.1", "1.10.0", "2.4.0"]},
         },
-        impl="trl_compat.patches.vllm_disabled_tqdm",
         remove_when="trl_compat no longer supports TRL < 0.26",
     ),
     Patch(
         id="vllm-tokenizer-transformers5",
+        kind="advice",
         summary="advice only: vLLM < 0.12 on transformers 5 cannot load the tokenizer; upgrade vLLM",
         symptom="AttributeError: ... has no attribute 'all_special_tokens_extended' (vLLM's get_cached_tokenizer)",
         upstream="https://github.com/vllm-project/vllm/pull/29686 (fixed in vLLM 0.12.0; TRL shims it from 0.26.0, commit ca21dd94c)",
+        fixed_in={"vllm": "0.12.0", "trl": "0.26.0"},
         trigger="trl.import_utils",
         must_exist="is_vllm_available",
         changes=("vllm.transformers_utils.tokenizer:get_cached_tokenizer",),
@@ -662,14 +638,15 @@ PATCHES = [
             "vllm": {"inside": ["0.1.0", "0.10.2", "0.11.2", "0.12.0.dev0"], "outside": ["0.12.0", "0.14.0"]},
             "transformers": {"inside": ["5.0.0", "5.23.0"], "outside": ["4.57.6"]},
         },
-        impl="trl_compat.patches.vllm_tokenizer_transformers5",
         remove_when="trl_compat no longer supports TRL < 0.26",
     ),
     Patch(
         id="peft-transformers5-hybrid-cache",
+        kind="advice",
         summary="advice only: peft < 0.18 cannot be imported on transformers 5, nor GRPOTrainer with it; upgrade peft",
         symptom="ImportError: cannot import name 'HybridCache' from 'transformers'",
         upstream="https://github.com/huggingface/peft/pull/2735 (fixed in peft 0.18.0; TRL shims it from 0.28.0, PR #4844)",
+        fixed_in={"peft": "0.18.0", "trl": "0.28.0"},
         trigger="trl.import_utils",
         must_exist="_LazyModule",
         changes=("transformers:HybridCache", "transformers.cache_utils:HybridCache"),
@@ -679,10 +656,9 @@ PATCHES = [
             "transformers": {"inside": ["5.0.0", "5.23.0"], "outside": ["4.57.6"]},
             "peft": {"inside": ["0.8.0", "0.17.1", "0.18.0.dev0"], "outside": ["0.18.0", "0.21.2"]},
         },
-        impl="trl_compat.patches.peft_transformers5_hybrid_cache",
         remove_when="trl_compat no longer supports TRL < 0.28 on transformers 5",
     ),
-    # branch tools: prompt truncation (0.24 - 0.25) and the tool-calling loop (0.26 - 0.29.0).
+    # -- prompts and tools: truncation (TRL 0.24 - 0.25), the tool-calling loop (0.26 - 0.29.0) ----
     # prompt-right-truncation wraps __init__ after every older __init__ patch: it acts once TRL's
     # __init__ has set the processing class, and no window of theirs meets its own.
     Patch(
@@ -693,19 +669,18 @@ PATCHES = [
         upstream=(
             "none in TRL (Unsloth patches it); PR #4153 (0.24.0) moved truncation to the tokenizer, PR #4300 removed it in 0.26.0"
         ),
-        trigger=GRPO_MODULE,
-        must_exist="GRPOTrainer",
+        fixed_in={},
         changes=("GRPOTrainer.__init__",),
         requires={"trl": affected("0.24.0", "0.26.0")},
         # 0.24.0.dev0 builds before 0e57b4a9d truncate on the left themselves, 0.26.0.dev0 builds
         # from ca21dd94c not at all: the probe tells them apart.
         witnesses={"trl": {"inside": ["0.24.0.dev0", "0.24.0", "0.25.1", "0.26.0.dev0"], "outside": ["0.23.1", "0.26.0"]}},
-        impl="trl_compat.patches.prompt_right_truncation",
         remove_when="TRL 0.24.x and 0.25.x are no longer supported",
     ),
-    # Reports "undecided" where reached and never applies: the fix is TRL's own series (0.29.1).
+    # Advice too, where its bug is: the fix is TRL's own series (0.29.1).
     Patch(
         id="tool-loop-retokenization",
+        kind="advice",
         summary="not fixed in place (always undecided): tools=[...] on TRL 0.26.0 - 0.29.0 need the token-in/token-out "
         "series of TRL 0.29.1; the report says so",
         symptom=(
@@ -716,8 +691,7 @@ PATCHES = [
             "https://github.com/huggingface/trl/issues/5224 and #5144 (fixed in 0.29.1 by PRs #5225-#5242; "
             "crash-only PRs #5145, #5247 closed unmerged)"
         ),
-        trigger=GRPO_MODULE,
-        must_exist="GRPOTrainer",
+        fixed_in={"trl": "0.29.1"},
         # what an in-place fix would change; apply() refuses: the probe never says "needed"
         changes=("GRPOTrainer._tool_call_loop",),
         # tools need transformers >= 5 in these releases. Main was 1.0.0.dev0 from 0.29.0 to the fix
@@ -727,11 +701,11 @@ PATCHES = [
             "trl": {"inside": ["0.26.0.dev0", "0.26.0", "0.28.0", "0.29.0", "0.29.1", "1.0.0.dev0"], "outside": ["0.25.1", "1.0.0"]},
             "transformers": {"inside": ["5.0.0.dev0", "5.0.0", "5.2.0"], "outside": ["4.57.6"]},
         },
-        impl="trl_compat.patches.tool_loop_retokenization",
         remove_when="TRL 0.26.0 - 0.29.0 are no longer supported",
     ),
-    # generation defaults (branch genconfig): wraps transformers' GenerationMixin.generate, which no
-    # other patch changes; it only adds use_model_defaults=False to TRL's own sampling call
+    # -- generation defaults -----------------------------------------------------------------------
+    # wraps transformers' GenerationMixin.generate, which no other patch changes; it only adds
+    # use_model_defaults=False to TRL's own sampling call
     Patch(
         id="generation-config-model-defaults",
         summary="no vLLM, transformers 4.50-4.57: TRL's sampling call gets use_model_defaults=False, so generate "
@@ -745,8 +719,7 @@ PATCHES = [
             "https://github.com/huggingface/transformers/issues/42762 (transformers#36684, 4.50; fixed in 5.0 by "
             "#42702); fixed in TRL by https://github.com/huggingface/trl/pull/4647 (0.26.2, 0.27.0)"
         ),
-        trigger=GRPO_MODULE,
-        must_exist="GRPOTrainer",
+        fixed_in={"trl": "0.26.2", "transformers": "5.0.0"},
         changes=("transformers.generation.utils:GenerationMixin.generate",),
         # trl: 0.26.2 holds the fix (the probe finds it); 0.27.0.dev0 builds before 8918c9836 do not.
         requires={"trl": affected("0.14.0", "0.27.0"), "transformers": affected("4.50.0", "5.0.0")},
@@ -754,23 +727,21 @@ PATCHES = [
             "trl": {"inside": ["0.14.0", "0.17.0", "0.24.0", "0.26.1", "0.26.2", "0.27.0.dev0"], "outside": ["0.27.0", "0.29.1"]},
             "transformers": {"inside": ["4.50.0", "4.52.4", "4.57.6", "5.0.0.dev0"], "outside": ["4.49.0", "5.0.0"]},
         },
-        impl="trl_compat.patches.generation_config_model_defaults",
         remove_when="trl_compat no longer supports TRL < 0.26.2 on transformers 4.50 - 4.57",
     ),
-    # TRL 0.22 - 0.27 (branch trl022). scale-rewards-swapped (last: the outermost __init__ wrapper) only relabels,
-    # after TRL's __init__, an attribute no other patch touches; no other __init__ patch applies on TRL 0.22.
+    # -- rewards, evaluation and QLoRA (TRL 0.22 - 0.27) -------------------------------------------
+    # scale-rewards-swapped (last: the outermost __init__ wrapper) only relabels, after TRL's
+    # __init__, an attribute no other patch touches; no other __init__ patch applies on TRL 0.22.
     Patch(
         id="scale-rewards-swapped",
         summary='scale_rewards labels swapped in TRL 0.22.0/0.22.1: relabel so "group" (default) and "none" do what they say',
         symptom='silent: default scale_rewards="group" trains with unscaled advantages; "none" (Dr. GRPO) divides by the group std',
         upstream="https://github.com/huggingface/trl/issues/3991 (fixed by PR #3992 in 0.22.2)",
-        trigger=GRPO_MODULE,
-        must_exist="GRPOTrainer",
+        fixed_in={"trl": "0.22.2"},
         changes=("GRPOTrainer.__init__",),
         # main carried the bug from fe44806b6 (0.22.0.dev0) to 35702ce37 (0.23.0.dev0); 0.22.2's fix is read by the probe.
         requires={"trl": affected("0.22.0", "0.23.0")},
         witnesses={"trl": {"inside": ["0.22.0", "0.22.1", "0.22.2", "0.23.0.dev0"], "outside": ["0.21.0", "0.23.0"]}},
-        impl="trl_compat.patches.scale_rewards_swapped",
         remove_when="TRL 0.22.0 and 0.22.1 are no longer supported",
     ),
     Patch(
@@ -778,7 +749,7 @@ PATCHES = [
         summary="evaluate() / eval_on_start before train(): the eval loss uses normaliser 1, as TRL 0.27.1 does",
         symptom="AttributeError: 'GRPOTrainer' object has no attribute 'current_gradient_accumulation_steps'",
         upstream="https://github.com/huggingface/trl/issues/4010 (also #4669, #4850; fixed by PR #4852 in 0.27.1)",
-        trigger=GRPO_MODULE,
+        fixed_in={"trl": "0.27.1"},
         must_exist="GRPOTrainer",  # compute_loss is TRL's in every affected release; the class is what must exist
         changes=("GRPOTrainer.compute_loss",),
         # introduced by PR #3938 (0.22.0.dev0); main fixed it in 7c4b6f169 (0.28.0.dev0), 0.27.1 by the probe.
@@ -786,7 +757,6 @@ PATCHES = [
         witnesses={
             "trl": {"inside": ["0.22.0", "0.24.0", "0.26.2", "0.27.0", "0.27.1", "0.28.0.dev0"], "outside": ["0.21.0", "0.28.0"]}
         },
-        impl="trl_compat.patches.eval_before_train_ga",
         remove_when="TRL < 0.27.1 is no longer supported",
     ),
     Patch(
@@ -797,13 +767,12 @@ PATCHES = [
             "(0.22.x; 0.23.0: element 0 of tensors does not require grad and does not have a grad_fn)"
         ),
         upstream="https://github.com/huggingface/trl/pull/4081 (fixed in 0.23.1; SFT twin issue #3926)",
-        trigger=GRPO_MODULE,
+        fixed_in={"trl": "0.23.1"},
         must_exist="prepare_peft_model",
         changes=("prepare_peft_model", "trl.models.utils:prepare_peft_model"),
         # introduced by PR #3882 (0.22.0.dev0); main fixed it in 7e2075347 (0.24.0.dev0), 0.23.1 by the probe.
         requires={"trl": affected("0.22.0", "0.24.0"), "peft": ">=0.0.dev0"},
         witnesses={"trl": {"inside": ["0.22.0", "0.22.1", "0.23.0", "0.23.1", "0.24.0.dev0"], "outside": ["0.21.0", "0.24.0"]}},
-        impl="trl_compat.patches.qlora_peftmodel_frozen",
         remove_when="TRL 0.22.x and 0.23.0 are no longer supported",
     ),
     Patch(
@@ -811,29 +780,26 @@ PATCHES = [
         summary="4/8-bit model on TRL 0.22.x: copy the config where prepare_peft_model rebuilt it (GRPOConfig rejected the rebuild)",
         symptom="ValueError: 'generation_batch_size' and 'steps_per_generation' can not be both configured at the same time",
         upstream="https://github.com/huggingface/trl/pull/3981 (fixed in 0.23.0)",
-        trigger=GRPO_MODULE,
+        fixed_in={"trl": "0.23.0"},
         must_exist="GRPOTrainer",  # the fix is on trl.models.utils, which the trigger module imports
         changes=("trl.models.utils:dataclasses",),
         # introduced by PR #3882 (0.22.0.dev0); main fixed it in 4c47b3281 (0.23.0.dev0).
         requires={"trl": affected("0.22.0", "0.23.0"), "peft": ">=0.0.dev0"},
         witnesses={"trl": {"inside": ["0.22.0", "0.22.2", "0.23.0.dev0"], "outside": ["0.21.0", "0.23.0"]}},
-        impl="trl_compat.patches.qlora_config_rebuild",
         remove_when="TRL 0.22.x is no longer supported",
     ),
-    # -- dist: multi-process runs and DeepSpeed version breaks (TRL 0.2x) --------------------------
+    # -- multi-process runs and DeepSpeed version breaks (TRL 0.2x) --------------------------------
     Patch(
         id="entropy-mask-gather-hang",
         summary="top_entropy_quantile < 1 on several processes: pad the entropies across ranks before gathering (TRL 0.24's body)",
         symptom="RuntimeError: [...gloo...] op.preamble.length <= op.nbytes (gloo; NCCL hangs) at the first step on >= 2 processes",
         upstream="https://github.com/huggingface/trl/issues/3933, https://github.com/huggingface/trl/pull/4041 (fixed in 0.23.1)",
-        trigger=GRPO_MODULE,
-        must_exist="GRPOTrainer",
+        fixed_in={"trl": "0.23.1"},
         changes=("GRPOTrainer.get_high_entropy_mask",),
         # the fix reached 0.23.1 as a cherry-pick and main as 0.24.0.dev0 (f4ff24840): the probe tells them apart
         requires={"trl": affected("0.21.0", "0.24.0")},
         # 0.20.0 takes a per-rank quantile (no collective); 0.21.0.dev0 builds before PR #3833 too: the probe tells.
         witnesses={"trl": {"inside": ["0.21.0", "0.22.2", "0.23.0", "0.23.1", "0.24.0.dev0"], "outside": ["0.20.0", "0.24.0"]}},
-        impl="trl_compat.patches.entropy_mask_gather_hang",
         remove_when="TRL 0.21.0 - 0.23.0 are no longer supported",
     ),
     # After peft-optional (which replaces the module's get_peft_model only where peft is missing, when this one
@@ -846,8 +812,7 @@ PATCHES = [
             "https://github.com/huggingface/trl/issues/6089, https://github.com/huggingface/trl/pull/6091 (fixed in TRL 1.7.0); "
             "https://github.com/deepspeedai/DeepSpeed/issues/8072 (fixed in DeepSpeed 0.19.3 by PRs #8073, #8113)"
         ),
-        trigger=GRPO_MODULE,
-        must_exist="GRPOTrainer",
+        fixed_in={"trl": "1.7.0", "deepspeed": "0.19.3"},
         # TRL 0.14 - 0.21 and 0.26+ call the module's get_peft_model; 0.22 - 0.25 go through trl.models.utils.prepare_peft_model.
         changes=("get_peft_model", "trl.models.utils:get_peft_model"),
         requires={"trl": affected("0.14.0", "1.7.0"), "deepspeed": affected("0.19.2", "0.19.3"), "peft": affected("0.12.0")},
@@ -856,7 +821,6 @@ PATCHES = [
             "deepspeed": {"inside": ["0.19.2", "0.19.3.dev0"], "outside": ["0.19.1", "0.19.3", "0.19.8"]},
             "peft": {"inside": ["0.12.0", "0.17.1", "0.21.2"], "outside": ["0.11.1"]},
         },
-        impl="trl_compat.patches.zero3_peft_mixed_dtype",
         remove_when="trl_compat no longer supports DeepSpeed 0.19.2",
     ),
 ]

@@ -1,7 +1,6 @@
 """dataloader-workers: GRPOTrainer trains with ``dataloader_num_workers >= 1``.
 
-Remove this patch when trl_compat no longer supports TRL < 0.18.2 (nor 0.19.0.dev0 builds from
-before PR #3568).
+Main-branch builds: 0.19.0.dev0 builds from before PR #3568 have the bug too.
 
 The bugs (TRL issues #3544, #2979, #3567; fixed by PR #3568 in 0.18.2 and 0.19.0):
 
@@ -17,7 +16,7 @@ b) TRL 0.14.0 - 0.18.1 hand the Trainer a collator defined inside ``GRPOTrainer.
    function cannot be: ``AttributeError: Can't pickle local object
    'GRPOTrainer.__init__.<locals>.data_collator'``. TRL 0.18.2 uses a module-level ``identity``.
 
-Affected: a) TRL 0.17.0 - 0.18.1 with transformers >= 4.52; b) TRL 0.14.0 - 0.18.1 with spawn
+Where it shows: a) TRL 0.17.0 - 0.18.1 with transformers >= 4.52; b) TRL 0.14.0 - 0.18.1 with spawn
 workers; and main-branch builds up to PR #3568 (0.19.0.dev0).
 
 Probe (each part separately): a) GRPOTrainer defines its own ``get_train_dataloader`` whose
@@ -30,6 +29,9 @@ Fix: a) while TRL's ``get_train_dataloader`` runs, the ``seed_worker`` it names 
 TRL 0.18.2's own argument; b) after ``GRPOTrainer.__init__``, TRL's local collator on the
 instance is replaced by this module's ``identity`` (the same function: features in, features
 out), which pickles by name.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """entropy-mask-gather-hang: with ``top_entropy_quantile < 1`` on 2 or more processes, TRL 0.21.0 -
 0.23.0 gathers tensors of a different length on each rank: the run hangs (or gloo raises).
 
-Remove this patch when trl_compat no longer supports TRL 0.21.0 - 0.23.0.
-
 The bug
     ``GRPOTrainer.get_high_entropy_mask`` computes the entropy threshold over all ranks' completion
     tokens. TRL 0.21.0 (PR #3833) does ``self.accelerator.gather(non_pad_entropies)``, whose length
@@ -12,7 +10,7 @@ The bug
     but still returns early on a rank without completion tokens, so the other ranks wait in the
     gather forever. PR #4041 (main 535a9678c; 0.23.1 and 0.24.0) pads with
     ``accelerator.pad_across_processes`` and a -1e9 sentinel, and every rank takes part.
-    Affected: TRL 0.21.0 - 0.23.0 and the 0.21.0 - 0.23.1 dev builds between PR #3833 and PR #4041.
+    Where it shows: TRL 0.21.0 - 0.23.0 and the 0.21.0 - 0.23.1 dev builds between PR #3833 and PR #4041.
     TRL 0.20.0 computes the quantile of each rank's own tokens (a module-level function, no
     collective): a silent per-rank threshold, not this bug, left alone.
 
@@ -28,6 +26,9 @@ The fix
     of the rest (no token on any rank: an all-False mask). Every rank joins both collectives, so
     all ranks get the same global threshold. The arguments are bound by name against TRL's own
     signature (0.21/0.22 also take an unused ``accelerator``).
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

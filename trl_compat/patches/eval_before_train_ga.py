@@ -1,7 +1,6 @@
 """eval-before-train-ga: evaluating a GRPOTrainer before ``train()`` raises AttributeError.
 
-Remove this patch when trl_compat no longer supports TRL 0.22.0 - 0.27.0 (fixed in 0.27.1 by
-PR #4852, commit 7e1a81116; on main by 7c4b6f169, 0.28.0.dev0).
+Upstream: fixed in 0.27.1 by PR #4852, commit 7e1a81116; on main by 7c4b6f169, 0.28.0.dev0.
 
 The bug (issues #4010, #4669, #4850; PR #3938, 2324245ca, 0.22.0.dev0, introduced it): the
 ``"grpo"``, ``"bnpo"`` and ``"dr_grpo"`` losses (and the Liger loss) are divided by
@@ -12,7 +11,7 @@ raises ``AttributeError: 'GRPOTrainer' object has no attribute
 divided by the gradient-accumulation steps of the last training step (logging only). The default
 ``loss_type="dapo"`` normalises by ``num_items_in_batch`` instead and is not affected.
 
-Affected: TRL 0.22.0 - 0.27.0 and main-branch builds between 2324245ca and 7c4b6f169.
+Where it shows: TRL 0.22.0 - 0.27.0 and main-branch builds between 2324245ca and 7c4b6f169.
 
 Probe: ``GRPOTrainer._compute_loss`` or ``compute_liger_loss`` divides by
 ``self.current_gradient_accumulation_steps`` without the fixed code's
@@ -25,6 +24,9 @@ TRL's code untouched. So the eval loss is the same before and after training and
 0.27.1's. A class-level default of 1 (the lighter fix) would cure the crash but leave eval losses
 after the first training step divided by the accumulation steps: with ``eval_on_start=True`` the
 eval curve would jump by that factor after step 0.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """fsdp2-vllm-sync: under FSDP2, TRL 0.18/0.19 send no weight to vLLM; 0.20 - 0.25 send LoRA's names.
 
-Remove this patch when trl_compat no longer supports TRL < 0.26 (0.18/0.19 fixed in 0.20.0 by PR
-#3687, commit 5522cc0a3, main-branch builds from PR #3394, 18596cf23, up to it have the bug; the
-LoRA names of 0.20.0 - 0.25.1 fixed in 0.26.0 by PR #4603, commit 3979cccad).
+Upstream: 0.18/0.19 fixed in 0.20.0 by PR #3687, commit 5522cc0a3, main-branch builds from PR #3394,
+18596cf23, up to it have the bug; the LoRA names of 0.20.0 - 0.25.1 fixed in 0.26.0 by PR #4603,
+commit 3979cccad.
 
 Second bug, TRL 0.20.0 - 0.25.1 (research C6; PR #4603): PR #3687's
 ``GRPOTrainer._sync_fsdp2_params_to_vllm`` sends ``module.state_dict()`` names unmodified. With
@@ -24,7 +24,7 @@ FSDP (``self.is_fsdp_enabled``), ``GRPOTrainer._move_model_to_vllm`` hands the m
 the prefix cache is still reset, and vLLM generates from the initial weights for the whole run
 while training goes on: GRPO silently optimises completions of the step-0 policy. No error.
 
-Affected: TRL 0.18.0 - 0.19.1 (colocate and server modes), with FSDP2 only. FSDP1, DeepSpeed
+Where it shows: TRL 0.18.0 - 0.19.1 (colocate and server modes), with FSDP2 only. FSDP1, DeepSpeed
 and single-process runs take other paths and are left alone.
 
 Probe (0.18/0.19): the source of ``GRPOTrainer._sync_fsdp_params_to_vllm`` tests ``isinstance(module, FSDP)``
@@ -43,6 +43,9 @@ fixes PEFT names on its DeepSpeed path (``base_model.model.`` and ``.base_layer`
 and ``original_module`` entries skipped, ``modules_to_save.default.`` dropped), plus the
 ``_checkpoint_wrapped_module.`` / ``_orig_mod.`` wrappers' prefixes. vLLM now generates from the
 current weights: generations differ from the unpatched run, which was the bug.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

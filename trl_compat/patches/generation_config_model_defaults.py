@@ -1,8 +1,7 @@
 """generation-config-model-defaults: on transformers 4.50 - 4.57, ``generate`` swaps TRL's sampling
 settings for the model's own generation defaults wherever TRL's value equals the global default.
 
-Remove this patch when trl_compat no longer supports TRL < 0.26.2 on transformers 4.50 - 4.57.x
-(TRL's fix, PR #4647, is commit 3e9ceebfb in 0.26.2 and 8918c9836 on main, in 0.27.0).
+Upstream: TRL's fix, PR #4647, is commit 3e9ceebfb in 0.26.2 and 8918c9836 on main, in 0.27.0.
 
 The bug (transformers#42762; TRL #5783, PR #4647 "no variance in generated completions"):
 transformers#36684 (4.50) and #36881 made ``generate(generation_config=cfg)`` with
@@ -19,7 +18,7 @@ defaults") says so. TRL 0.14 - 0.15 leave ``top_p``/``top_k`` unset (0.16 - 0.19
 (0.14 - 0.17's default ``temperature=0.9``, 0.20+'s ``top_k=None``) is kept. transformers 5 fixed it
 (#42702: only fields the caller left unset are filled, and ``use_model_defaults`` is gone).
 
-Affected: every TRL from 0.14.0 to 0.26.1 (and 0.27.0.dev0 builds before 8918c9836) on
+Where it shows: every TRL from 0.14.0 to 0.26.1 (and 0.27.0.dev0 builds before 8918c9836) on
 transformers 4.50.0 - 4.57.x, with a model whose generation_config was saved by transformers
 >= 4.50 (Qwen3, Gemma-3, any checkpoint re-saved since 2025-03, any model built in code) and
 holds sampling values other than the global defaults.

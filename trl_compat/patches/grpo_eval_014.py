@@ -1,7 +1,6 @@
 """grpo-eval-0.14: GRPO evaluation on TRL 0.14.0 (loss and reward metrics, kept apart from training's).
 
-Remove this patch when trl_compat no longer supports TRL 0.14.x (and
-0.15.0.dev0 installs older than PR #2694).
+Main-branch builds: 0.15.0.dev0 installs older than PR #2694 have the bug too.
 
 The bug
     TRL 0.14.0's GRPOTrainer generates inside ``compute_loss`` from the raw
@@ -16,7 +15,7 @@ The bug
     metrics with ``eval_`` during evaluation; TRL 0.16 keeps training and
     evaluation metrics in separate stores so neither leaks into the other.
 
-Affected: trl 0.14.0 (and main-branch installs before PR #2694, which report
+Where it shows: trl 0.14.0 (and main-branch installs before PR #2694, which report
 0.15.0.dev0).
 
 How the probe recognises it
@@ -41,6 +40,8 @@ The fix
     0.14.0's ``unwrap_model_for_generation`` cannot take: that is the
     zero3-unwrap patch, and both are needed there.
 
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """logps-attention-mask: TRL 0.14.0 computes log-probs and the KL without the attention mask.
 
-Remove this patch when trl_compat no longer supports TRL 0.14.0 (nor 0.15.0.dev0 builds from
-before PR #2708, main commit bbdd6db17, 2025-02-02).
+Main-branch builds: 0.15.0.dev0 builds from before PR #2708, main commit bbdd6db17, 2025-02-02 have the bug too.
 
 The bug (PR #2708, "Fix attention masking in GRPO"): in TRL 0.14.0 the function
 ``get_per_token_logps`` nested in ``GRPOTrainer.compute_loss`` calls the policy and the
@@ -13,7 +12,7 @@ mask). Silent: training runs, on wrong values. TRL 0.15.0 passes
 ``attention_mask = cat(prompt_mask, completion_mask)``, the completion mask covering the
 tokens up to and including the first EOS.
 
-Affected: TRL 0.14.0 and the main-branch builds before bbdd6db17 (0.14.0.dev0, early
+Where it shows: TRL 0.14.0 and the main-branch builds before bbdd6db17 (0.14.0.dev0, early
 0.15.0.dev0).
 
 Probe: TRL's log-prob function (see ``trl_compat._helpers.logps_calls``), comments dropped: the
@@ -28,6 +27,9 @@ TRL 0.15.0 builds it: zeros on the leading run of ``pad_token_id`` in the prompt
 on the completion up to and including its first ``eos_token_id``. The prompt mask is inferred
 from the ids because the nested function only receives the ids; it differs from the
 tokenizer's mask only if a prompt itself starts with the pad token.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

@@ -5,8 +5,7 @@ OPT-IN: this patch changes the training objective, so it is off unless
 probe finds the bug, it reports "disabled" with a reason that names the switch, and logs that
 once at INFO.
 
-Remove this patch when trl_compat no longer supports TRL 0.14.0 - 0.15.x (nor 0.16.0.dev0 builds
-from before PR #3029, main commit 04f659737, 2025-03-12).
+Main-branch builds: 0.16.0.dev0 builds from before PR #3029, main commit 04f659737, 2025-03-12 have the bug too.
 
 The bug (PR #3029, "Fix temperature inconsistency in GRPO trainer"): completions are sampled at
 ``GRPOConfig.temperature`` (default 0.9; ``GenerationConfig`` and vLLM's ``SamplingParams``), while
@@ -15,7 +14,7 @@ logits, i.e. at temperature 1: the policy-gradient estimate is biased ("potentia
 biased policy gradients"). Silent. TRL 0.16.0 divides the logits by ``self.temperature`` in
 ``_get_per_token_logps``.
 
-Affected: TRL 0.14.0 (the function nested in ``compute_loss``), 0.15.0 - 0.15.2
+Where it shows: TRL 0.14.0 (the function nested in ``compute_loss``), 0.15.0 - 0.15.2
 (``GRPOTrainer._get_per_token_logps``), and the main-branch builds before 04f659737.
 
 Probe: TRL's log-prob function (see ``trl_compat._helpers.logps_calls``), comments dropped, never mentions
@@ -26,6 +25,9 @@ Fix (switched on): while TRL's log-prob function runs (``_get_per_token_logps`` 
 calls made from that function by ``args.temperature``, after the module's other hooks, as TRL
 0.16 does right after the forward. Nothing is done at temperature 1 (or a non-positive one), and
 ``generate``'s forwards are never touched.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ def _wrapper(original, raw, models_of):
 
 def apply(module, patcher) -> None:
     caller = logps_calls.find(module.GRPOTrainer)
+    if caller is None:  # the probe found one: only a class changed since could get here
+        raise RuntimeError("GRPOTrainer no longer has the log-prob function the probe found")
     if caller.kind == logps_calls.METHOD:
         models_of = lambda self, model: [model]  # noqa: E731
     else:  # nested in compute_loss, which also calls self.ref_model

@@ -1,7 +1,6 @@
 """pad-token: GRPO with a tokenizer that has no pad token dies at the first step.
 
-Remove this patch when trl_compat no longer supports TRL 0.14.0 - 0.16.x (nor 0.17.0.dev0 builds
-from before PR #3290, main commit 1faa7f9b3, 2025-04-22).
+Main-branch builds: 0.17.0.dev0 builds from before PR #3290, main commit 1faa7f9b3, 2025-04-22 have the bug too.
 
 The bug (issue #3287, fixed by PR #3290): GRPOTrainer left-pads the prompts of a batch with
 ``processing_class(prompts_text, padding=True, ...)``. A tokenizer without a pad token (GPT-2,
@@ -12,7 +11,7 @@ in ``__init__`` when it is unset, for a tokenizer the user passes as well as one
 (``if processing_class.pad_token is None`` sits after, not inside, ``if processing_class is None``;
 0.20 moved it to ``tokenizer.pad_token``), so 0.17.0 is the first fixed release for both.
 
-Affected: TRL 0.14.0 - 0.16.1 and the main-branch builds before 1faa7f9b3.
+Where it shows: TRL 0.14.0 - 0.16.1 and the main-branch builds before 1faa7f9b3.
 
 Probe: ``GRPOTrainer.__init__`` (comments dropped) never sets
 ``processing_class.pad_token = processing_class.eos_token`` (nor ``tokenizer.pad_token = ...``).
@@ -22,6 +21,9 @@ Fix: ``GRPOTrainer.__init__`` is wrapped. A tokenizer passed in without a pad to
 itself is fixed after ``__init__``, together with the ``pad_token_id`` of TRL's
 ``generation_config``. The prompt pads are then EOS tokens, which the attention mask hides
 (TRL masks completions after their first EOS already). A tokenizer with neither token is left alone.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """peft-gradient-checkpointing: LoRA + ``gradient_checkpointing=True`` dies at the first backward.
 
-Remove this patch when trl_compat no longer supports TRL 0.14.0 - 0.15.x (nor 0.16.0.dev0 builds
-from before PR #2848, main commit 9b3c5bf64, 2025-02-18).
+Main-branch builds: 0.16.0.dev0 builds from before PR #2848, main commit 9b3c5bf64, 2025-02-18 have the bug too.
 
 The bug (issues #2671, #3089; fixed by PR #2848): with a PEFT model and gradient checkpointing in
 its default, reentrant form, ``loss.backward()`` raises ``RuntimeError: element 0 of tensors does
@@ -12,7 +11,7 @@ nothing reaches the LoRA weights. transformers' Trainer turns checkpointing on i
 without ``enable_input_require_grads()`` for a ``PeftModel``. TRL 0.16.0 calls it in
 ``GRPOTrainer._enable_gradient_checkpointing`` when ``use_reentrant`` is not False.
 
-Affected: TRL 0.14.0 - 0.15.2 and the main-branch builds before 9b3c5bf64, with peft installed,
+Where it shows: TRL 0.14.0 - 0.15.2 and the main-branch builds before 9b3c5bf64, with peft installed,
 ``gradient_checkpointing=True`` and ``gradient_checkpointing_kwargs`` not setting
 ``use_reentrant=False``.
 
@@ -22,6 +21,9 @@ Probe: ``GRPOTrainer`` has no ``_enable_gradient_checkpointing`` and its ``__ini
 Fix: after ``GRPOTrainer.__init__``, for a PEFT model with gradient checkpointing on and
 ``use_reentrant`` not False (TRL 0.16's rule), ``model.enable_input_require_grads()``: a hook that
 makes the embedding output require grad, so the checkpointed layers carry a graph to the adapters.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def _after(trainer, arguments) -> None:
         getattr(config, "gradient_checkpointing", False)
         and _uses_reentrant(config)
         and _is_peft_model(model)
+        and model is not None
         and callable(getattr(model, "enable_input_require_grads", None))
     ):
         model.enable_input_require_grads()

@@ -25,10 +25,7 @@ Why no fix
     transformers' ``_LazyModule.__init__`` to export it: it must run before peft is imported and
     gives peft a class that is not the one its Gemma-2/3 prefix-tuning code expects. Upgrading
     peft to 0.18.0, the first release for transformers 5, ends it for good. ``changes`` names the
-    attributes TRL's shim sets.
-
-Remove this patch when trl_compat no longer supports TRL < 0.28 on transformers 5.
-"""
+    attributes TRL's shim sets."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """prompt-right-truncation: TRL 0.24.0 - 0.25.1 cut the END of long prompts (tokenizer passed by the user).
 
-Remove this patch when trl_compat no longer supports TRL 0.24.x and 0.25.x (PR #4300, main commit
-ca21dd94c, 2025-12-08, released in 0.26.0, removed the max_prompt_length truncation).
+Upstream: PR #4300, main commit ca21dd94c, 2025-12-08, released in 0.26.0, removed the
+max_prompt_length truncation.
 
 The bug (no TRL issue; Unsloth's ``rl_replacements.py`` carries a "TRL 0.24.0-0.25.1 truncation
 regression fix"): PR #4153 (main commit 0e57b4a9d, 2025-10-10, first released in 0.24.0) replaced
@@ -17,7 +17,7 @@ common case) truncates on the RIGHT, its default. A prompt longer than ``max_pro
 is trained to continue a cut question. vLLM is not affected: it gets ``truncate_prompt_tokens``,
 which keeps the last ids.
 
-Affected: TRL 0.24.0 - 0.25.1 with ``use_vllm=False`` (the default), a passed tokenizer whose
+Where it shows: TRL 0.24.0 - 0.25.1 with ``use_vllm=False`` (the default), a passed tokenizer whose
 ``truncation_side`` is not "left", and prompts over ``max_prompt_length``; the main-branch builds
 from 0e57b4a9d to ca21dd94c. 0.14 - 0.23 truncate on the left themselves; 0.26.0+ do not truncate.
 
@@ -32,6 +32,9 @@ with transformers (``use_vllm`` false) gets ``truncation_side = "left"`` on its 
 on the processor's ``.tokenizer``, which is TRL's own choice when it loads one, with a warning
 naming the old side. The user's tokenizer object is changed (as TRL changes its pad token). The vLLM
 path is left alone.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """qlora-config-rebuild: every GRPO run on a 4/8-bit model dies in ``GRPOTrainer.__init__`` on TRL 0.22.x.
 
-Remove this patch when trl_compat no longer supports TRL 0.22.x (fixed in 0.23.0 by PR #3981,
-main commit 4c47b3281, 0.23.0.dev0).
+Upstream: fixed in 0.23.0 by PR #3981, main commit 4c47b3281, 0.23.0.dev0.
 
 The bug (PR #3981; introduced with ``prepare_peft_model`` in GRPO by PR #3882, 65d7894b6,
 0.22.0.dev0): for a model loaded in 4 or 8 bits, ``trl.models.utils.prepare_peft_model`` runs
@@ -14,7 +13,7 @@ So QLoRA (a k-bit model with ``peft_config``, or loaded by GRPO with a ``quantiz
 cannot start on TRL 0.22.0 - 0.22.2. A k-bit model already wrapped as a ``PeftModel`` is
 qlora-peftmodel-frozen's case, which skips the whole branch.
 
-Affected: TRL 0.22.0 - 0.22.2 and main-branch builds between 65d7894b6 and 4c47b3281.
+Where it shows: TRL 0.22.0 - 0.22.2 and main-branch builds between 65d7894b6 and 4c47b3281.
 
 Probe: ``prepare_peft_model`` (in ``trl.models.utils``) has ``dataclasses.replace(args,`` and
 ``GRPOConfig.__post_init__`` raises "can not be both configured". The fixed
@@ -27,6 +26,9 @@ the changed fields set) instead of re-running its ``__init__``; every other name
 object go to ``dataclasses`` itself. The copy is what the line meant: a local config with gradient
 checkpointing off (peft's k-bit preparation enabled it), used only for ``args.bf16`` after it; the
 trainer's own config is untouched (TRL 0.23 sets ``args.gradient_checkpointing = False`` on it).
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ class _Dataclasses(types.ModuleType):
 
 def view() -> types.ModuleType:
     shim = _Dataclasses("dataclasses", dataclasses.__doc__)
-    shim.replace = _replace
+    shim.replace = _replace  # type: ignore[attr-defined]  # the shim forwards the rest to dataclasses
     return shim
 
 

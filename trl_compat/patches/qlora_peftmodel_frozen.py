@@ -1,7 +1,6 @@
 """qlora-peftmodel-frozen: a k-bit PeftModel passed to GRPO without peft_config cannot train.
 
-Remove this patch when trl_compat no longer supports TRL 0.22.0 - 0.23.0 (fixed in 0.23.1 by
-PR #4081, commit 5fb8f4c64; on main by 7e2075347, 0.24.0.dev0).
+Upstream: fixed in 0.23.1 by PR #4081, commit 5fb8f4c64; on main by 7e2075347, 0.24.0.dev0.
 
 The bug (PR #4081; SFT twin issue #3926): PR #3882 (65d7894b6, 0.22.0.dev0) routed GRPO through
 ``trl.models.utils.prepare_peft_model`` whenever the model is a ``PeftModel``, also without
@@ -16,7 +15,7 @@ which ``GRPOConfig.__post_init__`` rejects (``ValueError: 'generation_batch_size
 ``args.gradient_checkpointing = False``). The usual QLoRA recipe (load in 4 bits,
 ``get_peft_model``, pass the PeftModel) hits it.
 
-Affected: TRL 0.22.0 - 0.23.0 and main-branch builds between 65d7894b6 and 7e2075347.
+Where it shows: TRL 0.22.0 - 0.23.0 and main-branch builds between 65d7894b6 and 7e2075347.
 
 Probe: ``prepare_peft_model`` (read in ``trl.models.utils``) calls
 ``prepare_model_for_kbit_training(`` without the fixed guard ``not isinstance(model, PeftModel)``,
@@ -32,6 +31,9 @@ test), it does what TRL 0.23.1's function does there: enable gradient checkpoint
 ``peft_module_casting_to_bf16`` when ``args.bf16`` and 4-bit, nothing else; the adapters keep
 ``requires_grad``. Any other call runs TRL's function. A k-bit model given *with* ``peft_config`` meets the
 ``dataclasses.replace`` ValueError on TRL 0.22.x too: qlora-config-rebuild fixes that.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

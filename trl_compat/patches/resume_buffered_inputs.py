@@ -1,7 +1,6 @@
 """resume-buffered-inputs: TRL 0.16.x resumes a ``num_iterations > 1`` run from a checkpoint.
 
-Remove this patch when trl_compat no longer supports TRL 0.16.x (nor 0.17.0.dev0 builds from
-before PR #3148, commit 488025cd8).
+Main-branch builds: 0.17.0.dev0 builds from before PR #3148, commit 488025cd8 have the bug too.
 
 The bug (TRL PR #3148, no issue filed): with ``num_iterations > 1`` (multiple GRPO updates per
 generation, added in 0.16.0 by PR #2899), ``GRPOTrainer._prepare_inputs`` generates only when
@@ -13,7 +12,7 @@ num_iterations != 0``) starts with a buffer of ``None`` and hands ``None`` to ``
 ``TypeError: 'NoneType' object is not subscriptable``. TRL 0.17.0 generates when the buffered
 slot is ``None``.
 
-Affected: TRL 0.16.0, 0.16.1 and the main-branch builds between PR #2899 and PR #3148
+Where it shows: TRL 0.16.0, 0.16.1 and the main-branch builds between PR #2899 and PR #3148
 (0.16.0.dev0, 0.17.0.dev0).
 
 Probe: the source of ``GRPOTrainer._prepare_inputs`` reuses ``self._buffered_inputs[...]``
@@ -24,6 +23,9 @@ Fix: in training, when the slot ``_prepare_inputs`` would read is ``None`` (only
 before the first generation of a resumed run), the wrapper does what TRL 0.17.0 does:
 generate and score on the batch the dataloader gave, buffer it in that slot, advance
 ``_step``. Every other call reaches TRL's method untouched.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """reward-model-zero3: a model as GRPO reward function works under DeepSpeed ZeRO-3.
 
-Remove this patch when trl_compat no longer supports TRL < 0.17.0 (nor 0.17.0.dev0 builds from
-before PR #3326, commit 89556c8cb).
+Main-branch builds: 0.17.0.dev0 builds from before PR #3326, commit 89556c8cb have the bug too.
 
 The bug (TRL issue #3202; fixed by PR #3326 in 0.17.0): under ZeRO-3, a reward model given as a
 path (``reward_funcs="org/reward-model"``) is loaded by ``AutoModelForSequenceClassification.
@@ -13,7 +12,7 @@ embedding, ``AssertionError: Padding_idx must be within num_embeddings`` (an emp
 ``padding_idx > 0``). TRL 0.17.0 prepares it with
 ``prepare_deepspeed`` like the reference model.
 
-Affected: TRL 0.14.0 - 0.16.1 (and main-branch builds up to PR #3326) with deepspeed installed
+Where it shows: TRL 0.14.0 - 0.16.1 (and main-branch builds up to PR #3326) with deepspeed installed
 and ZeRO stage 3 in use.
 
 Probe: the source of ``GRPOTrainer.__init__`` prepares reward models with
@@ -26,6 +25,9 @@ TRL's path works), each ``PreTrainedModel`` reward function is given to TRL's ow
 the model's modules, gather each layer's weights for its forward. The model itself stays in
 ``reward_funcs`` (TRL 0.14 scores only ``PreTrainedModel`` instances as models, and names them
 from ``config``); its engine is kept in ``trainer._trl_compat_reward_engines``.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

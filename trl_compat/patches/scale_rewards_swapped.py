@@ -1,7 +1,6 @@
 """scale-rewards-swapped: TRL 0.22.0/0.22.1 swapped the branches of ``scale_rewards``.
 
-Remove this patch when trl_compat no longer supports TRL 0.22.0 - 0.22.1 (fixed in 0.22.2 by
-PR #3992, commit a436c0a2d; on main by 35702ce37, 0.23.0.dev0).
+Upstream: fixed in 0.22.2 by PR #3992, commit a436c0a2d; on main by 35702ce37, 0.23.0.dev0.
 
 The bug (issue #3991, fixed by PR #3992): PR #3935 (fe44806b6, 0.22.0.dev0, "PPO Lite") turned
 ``GRPOConfig.scale_rewards`` into ``"group" | "batch" | "none"`` (``True`` -> ``"group"``,
@@ -12,7 +11,7 @@ advantages that are not scaled at all (``r - group mean``), ``"none"``/``False``
 group-std scaling, and ``"batch"`` gets group-std scaling too. No error; ``reward_std`` logs the
 std of the branch taken.
 
-Affected: TRL 0.22.0 - 0.22.1 and main-branch builds between fe44806b6 and 35702ce37.
+Where it shows: TRL 0.22.0 - 0.22.1 and main-branch builds between fe44806b6 and 35702ce37.
 
 Probe: ``_generate_and_score_completions`` reads ``if self.scale_rewards in ["batch", "none"]:``
 and ``elif self.scale_rewards == "group":`` (the swapped labels), and ``GRPOTrainer.__init__`` sets
@@ -35,6 +34,9 @@ drop-in patch release). The patch's status is per process, so it stays "applied"
 how a run with ``"batch"`` learns that its value was not corrected. Correcting it would mean
 rescaling the advantages after TRL computed them, from the batch std that only TRL's metrics
 hold; a drop-in upgrade is the better answer for the one value introduced in the same release.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

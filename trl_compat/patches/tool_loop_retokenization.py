@@ -1,7 +1,7 @@
 """tool-loop-retokenization: TRL 0.26.0 - 0.29.0 with ``tools=[...]`` score re-tokenised completions.
 
-Remove this patch when trl_compat no longer supports TRL 0.26.0 - 0.29.0 (the fix is the
-token-in/token-out series cherry-picked into 0.29.1; on main, #5242 is ebdfe826f, 2026-03-19, in 1.0.0).
+Upstream: the fix is the token-in/token-out series cherry-picked into 0.29.1; on main, #5242 is
+ebdfe826f, 2026-03-19, in 1.0.0.
 
 Status: always "undecided" where it is reached: trl_compat does NOT fix this bug in place. Use TRL
 0.29.1 (or later) for tool calling.
@@ -47,7 +47,7 @@ Why undecided, not a patch:
   ``ImportError`` otherwise), which the window's ``requires`` states: on transformers 4 the patch
   is "not needed".
 
-Affected: TRL 0.26.0 - 0.29.0 with ``tools=[...]`` on transformers >= 5 (transformers and vLLM
+Where it shows: TRL 0.26.0 - 0.29.0 with ``tools=[...]`` on transformers >= 5 (transformers and vLLM
 paths), and the main-branch builds from ca21dd94c to ebdfe826f.
 
 Probe: ``GRPOTrainer`` has a ``_tool_call_loop`` that re-tokenises the conversation with

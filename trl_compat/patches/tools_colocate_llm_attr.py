@@ -1,13 +1,12 @@
 """tools-colocate-llm-attr: tools + colocated vLLM crash in TRL 0.28.0 - 0.29.0's tool loop.
 
-Remove this patch when TRL 0.28.x and 0.29.0 are no longer supported (fixed in 0.29.1 by PR #5302,
-commit 0007dc23b).
+Upstream: fixed in 0.29.1 by PR #5302, commit 0007dc23b.
 
 The bug (TRL #5301): PR #4700 (0.28.0) moved the colocated engine from ``GRPOTrainer.llm`` to
 ``GRPOTrainer.vllm_generation.llm``, but ``GRPOTrainer._tool_call_loop`` still reads
 ``self.llm.llm_engine.model_config.max_model_len`` when ``use_vllm`` and
 ``vllm_mode == "colocate"``. The first batch with a tool call raises
-``AttributeError: 'GRPOTrainer' object has no attribute 'llm'``. Affected: TRL 0.28.0 - 0.29.0
+``AttributeError: 'GRPOTrainer' object has no attribute 'llm'``. Where it shows: TRL 0.28.0 - 0.29.0
 (and main-branch builds between #4700 and #5302), with ``tools=[...]`` and colocated vLLM, on
 transformers >= 5 (these releases refuse ``tools`` on transformers < 5 with an ImportError, so the
 window requires transformers 5).
@@ -22,6 +21,9 @@ one, else ``self.vllm_generation.llm``; without either it raises ``AttributeErro
 ``hasattr(trainer, "llm")`` is unchanged outside colocate mode (no TRL 0.28 / 0.29.0 code tests
 it: read at both tags, subclasses in ``trl/experimental`` included). Assigning ``trainer.llm``
 stores on the instance, which the property then returns.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """tools-empty-list-server: TRL 0.26.0, server mode, conversational prompts and no tools: the first
 generation fails with ``NotImplementedError: Tool calling is not yet implemented in VLLMClient.chat().``
 
-Remove this patch when trl_compat no longer supports TRL 0.26.0.
-
 The bug: TRL 0.26.0's ``GRPOTrainer.__init__`` sets ``self.tools = tools or []`` and its server-mode
 generation calls ``self.vllm_client.chat(..., tools=self.tools)`` for conversational prompts;
 ``VLLMClient.chat`` raises ``NotImplementedError`` when ``tools is not None``, so every server-mode
 run (``use_vllm=True``, ``vllm_mode="server"``, TRL's default) with chat-style prompts and no tools
 dies at its first generation, client-side, before any request is sent. Fixed by TRL PR #4663
-(9897c9f83, ``self.tools = tools``), released in 0.26.1. Affected: TRL 0.26.0 (and main-branch
+(9897c9f83, ``self.tools = tools``), released in 0.26.1. Where it shows: TRL 0.26.0 (and main-branch
 0.26.0.dev0 builds from the ``tools or []`` line to #4663).
 
 Probe: ``GRPOTrainer.__init__``'s source has ``self.tools = tools or []`` and ``VLLMClient.chat``'s
@@ -19,6 +17,9 @@ Fix: ``VLLMClient.chat`` is wrapped so that ``tools`` bound to an empty list (by
 method's signature) reaches it as ``None``: what 0.26.1 passes for "no tools". A non-empty list is
 passed on untouched (and still raises TRL's NotImplementedError: tool calling in server mode is not
 implemented in 0.26).
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

@@ -37,8 +37,8 @@ triggers differ. This one must fire on ``trl.import_utils`` before ``trl.trainer
 can even be imported; the others change what ``GRPOTrainer.__init__`` uses after that module has
 loaded. The three share their window (``TRANSFORMERS5`` in ``trl_compat/patches/__init__.py``).
 
-Remove this patch when trl_compat no longer supports TRL < 0.20 on transformers >= 5 (TRL 0.29.0+
-does not import transformers' helper).
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

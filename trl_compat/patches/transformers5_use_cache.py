@@ -1,8 +1,6 @@
 """transformers5-use-cache: ``GRPOTrainer(model="<path>")`` of TRL <= 0.19 passes ``use_cache=None``
 into transformers 5's strict configs.
 
-Remove this patch when trl_compat no longer supports TRL < 0.20 on transformers >= 5.
-
 The bug (once transformers5-import lets ``from trl import GRPOTrainer`` work)
     ``GRPOTrainer(model="<path or hub id>")`` sets ``model_init_kwargs["use_cache"] = False if
     args.gradient_checkpointing else model_init_kwargs.get("use_cache")`` (TRL 0.14-0.19), i.e.
@@ -13,7 +11,7 @@ The bug (once transformers5-import lets ``from trl import GRPOTrainer`` work)
     None)``. transformers 4 took ``None`` (the model then fell back to its defaults).
     Upstream: TRL 0.20 rewrote the model loading (PR #3072, 56f4201db, on 0.20.0.dev0) and no
     longer passes ``use_cache`` this way; no TRL release fixes it for 0.14-0.19.
-    Affected: TRL 0.14.0 - 0.19.x and the 0.20.0.dev0 builds before 56f4201db, transformers >= 5.
+    Where it shows: TRL 0.14.0 - 0.19.x and the 0.20.0.dev0 builds before 56f4201db, transformers >= 5.
 
 How the probe recognises it
     The source of ``GRPOTrainer.__init__`` (comments dropped) contains
@@ -31,6 +29,9 @@ The fix
 
 transformers5-warnings-issued fixes the other transformers-5 bug of the same ``__init__``;
 transformers5-import the one that stops ``from trl import GRPOTrainer``.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

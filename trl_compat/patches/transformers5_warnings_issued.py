@@ -1,8 +1,6 @@
 """transformers5-warnings-issued: ``GRPOTrainer.__init__`` of TRL < 0.27.2 sets
 ``model.warnings_issued[...]``, which transformers 5.1 removed.
 
-Remove this patch when trl_compat no longer supports TRL < 0.27.2 on transformers >= 5.1.
-
 The bug (for TRL < 0.20, once transformers5-import lets ``from trl import GRPOTrainer`` work)
     ``model.warnings_issued["estimate_tokens"] = True`` (TRL 0.14 - 0.27.1): transformers 5.1.0
     removed ``PreTrainedModel.warnings_issued`` (the dict ``PreTrainedModel.__init__`` used to create;
@@ -26,6 +24,9 @@ The fix
     attribute accesses). It reaches models the user instantiated and PEFT-wrapped models too.
 
 transformers5-use-cache fixes the other transformers-5 bug of the same ``__init__``.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class WarningsIssued:
         return instance.__dict__.setdefault("warnings_issued", {})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _mentions_warnings_issued(modeling_utils) -> bool:
     return "warnings_issued" in code(modeling_utils)  # ~280 kB of code: read once
 

@@ -35,8 +35,7 @@ Why no fix
     machines (the stand-in is not vLLM): the fix could not be proved. Upgrading vLLM to 0.11.1
     (or huggingface_hub to 1.10.0, or keeping it < 1.1) ends it. ``changes`` names what TRL's shim replaces.
 
-Remove this patch when trl_compat no longer supports TRL < 0.26 (TRL 0.26+ carries the shim).
-"""
+Upstream: TRL 0.26+ carries the shim."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """vllm-double-bos: vLLM adds the tokenizer's special tokens to a prompt text training tokenised without.
 
-Remove this patch when trl_compat no longer supports TRL < 0.24 (0.24.0's PR #4152, main-branch
-commit cc578b6b1, made the training ids the ones vLLM ran; 1.0.0's PR #5238 tokenises before vLLM).
-The fix PR #3856 was closed unmerged.
+Upstream: 0.24.0's PR #4152, main-branch commit cc578b6b1, made the training ids the ones vLLM ran;
+1.0.0's PR #5238 tokenises before vLLM. The fix PR #3856 was closed unmerged.
 
 The bug (TRL issue #3853, open-r1#695: "a significant drop in reward if using vllm compared to
 vanilla transformers"): GRPOTrainer applies the chat template as text, which for Llama 3 starts
@@ -12,7 +11,7 @@ BOS-adding tokenizer puts a second BOS in front: vLLM generates after ``[BOS, BO
 computes the log-probs of those completions after ``[BOS, ...]``. (A BOS-adding tokenizer with a
 template or raw text without the BOS text gives the mirror image: a BOS for vLLM, none for training.)
 
-Affected: TRL 0.14.0 - 0.23.1 with ``use_vllm=True`` and a tokenizer that adds special tokens to a
+Where it shows: TRL 0.14.0 - 0.23.1 with ``use_vllm=True`` and a tokenizer that adds special tokens to a
 text (Llama 2/3, Mistral); Qwen-style tokenizers add none and are not affected. 0.20 - 0.23 send the
 same text: colocate ``vllm_inputs = all_prompts_text; self.llm.generate(vllm_inputs, ...)``, server
 ``vllm_client.generate(prompts=ordered_set_of_prompts, ...)``; the training ids are the last
@@ -27,6 +26,9 @@ only: the wrapper compares, per prompt, vLLM's tokenisation with training's and 
 Fix (``trl_compat._helpers.vllm_prompts``): such a prompt reaches vLLM as the training ids (in-process
 engine) or as a text whose tokenisation with special tokens gives them (server: the BOS text
 stripped). This changes what vLLM generates for those prompts: after one BOS, as training sees it.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """vllm-guided-decoding-import: with vLLM >= 0.12 installed, ``from trl import GRPOTrainer`` (and
 ``trl vllm-serve``) fails: ``ImportError: cannot import name 'GuidedDecodingParams'``.
 
-Remove this patch when trl_compat no longer supports TRL < 0.27.0 (TRL 0.16 - 0.26.2 installed
-next to vLLM >= 0.12).
-
 The bug (TRL issue #4617: trl 0.25.0, vLLM 0.12.0): vLLM 0.12.0 removed ``GuidedDecodingParams``
 and ``SamplingParams(guided_decoding=...)`` (vLLM PR #29326, "scheduled removal of guided_*"; 0.11
 had renamed them ``StructuredOutputsParams`` / ``structured_outputs=``, vLLM PR #22772). TRL imports
@@ -14,7 +11,7 @@ Past the import, TRL passes ``guided_decoding=<params or None>`` to every ``Samp
 builds (colocate generation, the server's /generate/ and /chat/), which vLLM 0.12 rejects
 (``TypeError``: unexpected keyword argument). Fixed by TRL PR #4117 (reverted by #4791, re-applied
 by #4797; commit 39ad00d2b), released in 0.27.0: it imports ``StructuredOutputsParams`` and passes
-``structured_outputs=`` for vLLM > 0.10.2. Affected: TRL 0.16.0 - 0.26.2 (and main-branch builds up
+``structured_outputs=`` for vLLM > 0.10.2. Where it shows: TRL 0.16.0 - 0.26.2 (and main-branch builds up
 to #4797) with vLLM >= 0.12.0. TRL's other modules with the same import (RLOO, online DPO,
 experimental) get the name back too; only GRPO's and vllm-serve's ``SamplingParams`` are renamed.
 

@@ -1,8 +1,8 @@
 """vllm-is-raw-logprobs: TRL 0.23's importance-sampling correction divides tempered log-probs by the
 RAW ones its colocated vLLM engine returns.
 
-Remove this patch when trl_compat no longer supports TRL 0.23.x (0.24.0's PR #4163, main-branch
-commit e086f073c, builds the engine with ``logprobs_mode="processed_logprobs"``).
+Upstream: 0.24.0's PR #4163, main-branch commit e086f073c, builds the engine with
+``logprobs_mode="processed_logprobs"``.
 
 The bug (TRL issue #4159): TRL 0.23.0 (PR #3867, 12fc85fd1) added truncated importance sampling,
 on by default (``vllm_importance_sampling_correction=True``): ``ratio = exp(old_per_token_logps -
@@ -13,7 +13,7 @@ log-probs are those of the RAW logits (T = 1) unless the engine is built with
 ``temperature != 1`` (or a repetition penalty, top-k/top-p) the ratio is systematically off, for
 T = 0.6 pinned at the cap on the first tokens, and the correction reweights every token's loss
 wrongly. Silent.
-Affected: TRL 0.23.0 - 0.23.1, ``use_vllm=True``, ``vllm_mode="colocate"``, IS correction on.
+Where it shows: TRL 0.23.0 - 0.23.1, ``use_vllm=True``, ``vllm_mode="colocate"``, IS correction on.
 Server mode (``trl vllm-serve``) has the same bug until 0.27.0: ``vllm-serve-raw-logprobs``.
 
 How the probe recognises it
@@ -30,6 +30,9 @@ The fix
     0.10.2, which TRL #4163 pinned, gives the fix its effect. This changes the IS weights to what TRL
     0.24+ computes; the top-k/top-p caveat (processed log-probs of a truncated distribution,
     TRL #6789) stays, as upstream.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ names are ``base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight``
 or parameter named 'base_model' in Qwen2ForCausalLM``. Even with the names fixed, the adapter
 is never merged, so vLLM would sample from the base model.
 
-Affected: TRL 0.14.0 (sync inline in ``compute_loss``) and main-branch 0.15.0.dev0 builds
+Where it shows: TRL 0.14.0 (sync inline in ``compute_loss``) and main-branch 0.15.0.dev0 builds
 before PR #2725 (``81221661c``): inline in ``_prepare_inputs`` from PR #2762, in a
 ``_move_model_to_vllm`` method from PR #2817.
 
@@ -25,7 +25,8 @@ gathered the whole model under ZeRO-3). This runs on every rank, so ZeRO-3's col
 gathers stay in step, which fixing it inside vLLM's ``load_weights`` (main process only)
 could not do. Anything the sync does not recognise falls back to TRL's own code.
 
-Remove this patch when trl_compat no longer supports TRL < 0.15.0.
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

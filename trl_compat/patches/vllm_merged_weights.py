@@ -6,7 +6,7 @@ vLLM's ``load_weights``. ``state_dict()`` shares storage with the parameters, so
 has already reverted the values: vLLM generates from the base model at every step, with no
 error; the reward curve stays flat.
 
-Affected: TRL 0.15.0, and main-branch builds from PR #2725 (``81221661c``, 0.15.0.dev0) up
+Where it shows: TRL 0.15.0, and main-branch builds from PR #2725 (``81221661c``, 0.15.0.dev0) up
 to PR #2873 (``822653824``, by then 0.16.0.dev0). 0.15.1 moved the unmerge after the load.
 
 Probe: in the source of ``GRPOTrainer._move_model_to_vllm`` the first ``unmerge_adapter()``
@@ -19,8 +19,10 @@ merged weights computed out of place, one layer at a time, so unlike upstream's 
 training weights stay bit-identical and no second copy of the model is made. Anything the
 sync does not recognise falls back to TRL's own method.
 
-Remove this patch when trl_compat no longer supports TRL < 0.15.1 (nor 0.16.0.dev0 builds
-older than PR #2873).
+Main-branch builds: 0.16.0.dev0 builds older than PR #2873 have the bug too.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

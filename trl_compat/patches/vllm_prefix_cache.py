@@ -1,7 +1,6 @@
 """vllm-prefix-cache: TRL 0.15.x keeps vLLM's prefix cache across weight syncs.
 
-Remove this patch when trl_compat no longer supports TRL 0.15.x (nor 0.16.0.dev0 builds from
-before the vLLM server mode, PR #3094).
+Main-branch builds: 0.16.0.dev0 builds from before the vLLM server mode, PR #3094 have the bug too.
 
 The bug (TRL issue #3024): GRPOTrainer 0.15.0 - 0.15.2 builds its in-process ``vllm.LLM`` with
 ``enable_prefix_caching=True`` and, after ``_move_model_to_vllm`` loads new weights, never
@@ -12,7 +11,7 @@ are then sampled from neither the old nor the current policy: silently off-polic
 TRL 0.16 dropped the in-process engine and resets the server's cache after every sync
 (``vllm_client.reset_prefix_cache()``); 0.18's colocate mode calls ``self.llm.reset_prefix_cache()``.
 
-Affected: TRL 0.15.0, 0.15.1, 0.15.2 with ``use_vllm=True`` (0.14.0 does not turn prefix
+Where it shows: TRL 0.15.0, 0.15.1, 0.15.2 with ``use_vllm=True`` (0.14.0 does not turn prefix
 caching on), the main-branch builds between, and the 0.16.0.dev0 builds from ``ffcb9f4ae``
 (version bump) up to PR #3094 (``f713f614e``, the first that resets the cache; the cache was
 ``vllm_enable_prefix_caching``, default True, from PR #2900). ``vllm.LLM.reset_prefix_cache``
@@ -29,6 +28,9 @@ Fix: after TRL's ``_move_model_to_vllm`` returns, the main process calls
 ``self.llm.reset_prefix_cache()``: prompts that repeat within one step still share their cached
 blocks (the point of the cache in GRPO), nothing computed by older weights is reused. If vLLM
 reports that it could not reset (requests still holding blocks), a warning says so.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

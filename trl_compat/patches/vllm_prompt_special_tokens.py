@@ -1,7 +1,6 @@
 """vllm-prompt-special-tokens: TRL 0.19.0 strips special tokens from every vLLM prompt.
 
-Remove this patch when trl_compat no longer supports TRL 0.19.0 (fixed in 0.19.1 by PRs #3651,
-commit 7dbf4777b, and #3698, commit ebb08d4f1).
+Upstream: fixed in 0.19.1 by PRs #3651, commit 7dbf4777b, and #3698, commit ebb08d4f1.
 
 The bug (TRL issue #3644; unsloth#2980; unsloth and unsloth-zoo require ``trl!=0.19.0``): the fix
 of ``vllm-prompt-truncation`` (PR #3601) re-decodes the truncated prompt ids for vLLM with
@@ -10,7 +9,7 @@ is 512 by default) every vLLM prompt loses its chat-template tokens (``<|im_star
 ``<|start_header_id|>``...) and BOS, while the loss is computed on the ids that keep them:
 "severely mangled" generations, no error.
 
-Affected: TRL 0.19.0 with ``use_vllm=True`` and ``max_prompt_length`` set, the 0.19.0.dev0
+Where it shows: TRL 0.19.0 with ``use_vllm=True`` and ``max_prompt_length`` set, the 0.19.0.dev0
 main-branch builds from b0958c6f8 (PR #3601) on, and the 0.20.0.dev0 builds before PR #3651
 reached main (79ec242ae): the window runs up to 0.20.0, and the probe tells 0.19.1 and the
 fixed dev builds apart.
@@ -22,6 +21,9 @@ of each prompt of the batch are kept (gathered from every process in server mode
 decoded text vLLM is handed is replaced by those ids (the in-process engine) or by a text that
 tokenises back to them (the server). This changes what vLLM generates: from the prompt with its
 special tokens, as the loss sees it.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

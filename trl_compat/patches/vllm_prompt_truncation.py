@@ -1,7 +1,6 @@
 """vllm-prompt-truncation: TRL 0.14 - 0.18 generate with vLLM from the untruncated prompt.
 
-Remove this patch when trl_compat no longer supports TRL < 0.19 (the fix, PR #3601, commit
-b0958c6f8, is in 0.19.0).
+Upstream: the fix, PR #3601, commit b0958c6f8, is in 0.19.0.
 
 The bug (TRL issues #3569, #3180; open-r1#672, unsloth#1642): GRPOTrainer keeps the last
 ``max_prompt_length`` (default 512) ids of each prompt for the loss, the reference log-probs and
@@ -11,7 +10,7 @@ prompt is longer than vLLM's ``max_model_len`` (0.18's colocate mode sets it to
 ``max_prompt_length + max_completion_length``), vLLM rejects it: ``ValueError: The decoder prompt
 (length 3353) is longer than the maximum model length of 2560``.
 
-Affected: TRL 0.14.0 - 0.18.x with ``use_vllm=True`` (in-process engine, server mode, 0.18's
+Where it shows: TRL 0.14.0 - 0.18.x with ``use_vllm=True`` (in-process engine, server mode, 0.18's
 colocate mode), and the 0.19.0.dev0 main-branch builds before b0958c6f8.
 
 Probe: the method that tokenises the prompts and calls vLLM (``compute_loss`` / ``_prepare_inputs``
@@ -23,6 +22,9 @@ Fix (``trl_compat._helpers.vllm_prompts``): while that method runs, each prompt 
 truncated reaches vLLM as those truncated ids (``{"prompt_token_ids": ...}`` to the in-process
 engine; to the server, a text that tokenises back to them). This changes what vLLM generates, for
 those prompts only: from the prompt the loss is computed on.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """vllm-serve-get-open-port: with vLLM >= 0.14, ``trl vllm-serve`` dies at start:
 ``ImportError: cannot import name 'get_open_port' from 'vllm.utils'``.
 
-Remove this patch when trl_compat no longer supports TRL < 0.28.0 (``trl vllm-serve`` of TRL 0.17 -
-0.27.2 run with vLLM >= 0.14).
-
 The bug: ``trl/scripts/vllm_serve.py`` imports ``from vllm.utils import get_open_port`` at module
 level (TRL 0.17.0 - 0.27.2; it picks the port of the weight-sync process group). vLLM 0.11.1 moved
 the function to ``vllm.utils.network_utils`` and kept the old name with a deprecation warning up to
@@ -22,6 +19,9 @@ has it; "undecided" when the source cannot be read.
 
 Fix: ``vllm.utils.get_open_port`` is set to ``vllm.utils.network_utils.get_open_port``, the
 function vLLM 0.14 itself uses, so TRL's import line finds it.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

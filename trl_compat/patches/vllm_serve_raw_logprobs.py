@@ -1,9 +1,8 @@
 """vllm-serve-raw-logprobs: ``trl vllm-serve`` (TRL 0.23.0 - 0.27.0) builds its engine without
 ``logprobs_mode``, so the log-probs it returns to the trainer's importance-sampling correction are RAW.
 
-Remove this patch when trl_compat no longer supports TRL < 0.27.1 (0.27.1's PR #4873, commit
-54b4f6548; 0a881bcee on main for 0.28.0, adds ``logprobs_mode="processed_logprobs"`` to
-``llm_worker``'s ``LLM(...)``).
+Upstream: 0.27.1's PR #4873, commit 54b4f6548; 0a881bcee on main for 0.28.0, adds
+``logprobs_mode="processed_logprobs"`` to ``llm_worker``'s ``LLM(...)``.
 
 The bug: the colocate half is ``vllm-is-raw-logprobs`` (TRL issue #4159; fixed for colocate only by
 PR #4163 in 0.24.0, whose description says "for server mode the user would have to pass
@@ -13,7 +12,7 @@ sampling_per_token_logps)`` with the server's raw (temperature 1) log-probs: wit
 ``temperature != 1`` the ratio is systematically off; with 0.26's default
 ``vllm_importance_sampling_mode="sequence_mask"`` most sequences exceed the cap and get weight 0
 (TRL issue #4772, "ratio explosion"). Silent.
-Affected: TRL 0.23.0 - 0.27.0 (the IS correction arrived in 0.23.0), ``trl vllm-serve`` run with
+Where it shows: TRL 0.23.0 - 0.27.0 (the IS correction arrived in 0.23.0), ``trl vllm-serve`` run with
 trl_compat active (``trl-compat run -- trl vllm-serve ...``: the engine is built in the worker process
 ``llm_worker`` runs in, which the sitecustomize activation reaches).
 
@@ -28,6 +27,9 @@ The fix
     not be in them. Shared with ``vllm-is-raw-logprobs`` (``trl_compat._helpers.vllm_logprobs``).
     A separate id because the registry takes one trigger module per patch and this one runs in the
     server process, not the trainer's.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

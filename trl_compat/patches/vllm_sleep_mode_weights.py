@@ -1,8 +1,7 @@
 """vllm-sleep-mode-weights: colocate + sleep mode, vLLM generates from garbage or checkpoint weights.
 
-Remove this patch when trl_compat no longer supports TRL 0.25.0 - 0.29.1 (no 0.x release fixes it;
-the fix, PR #5313's ``_llm_weights_sleeping`` flag, is not on TRL's main branch as mirrored, and
-the same idea in PR #5355 was closed).
+Upstream: no 0.x release fixes it; the fix, PR #5313's ``_llm_weights_sleeping`` flag, is not on
+TRL's main branch as mirrored, and the same idea in PR #5355 was closed.
 
 The bug (TRL #5312, vllm#29341, #5142): with ``use_vllm=True``, ``vllm_mode="colocate"`` and
 ``vllm_enable_sleep_mode=True``, TRL puts its in-process ``vllm.LLM`` to sleep at level 2 after
@@ -55,6 +54,9 @@ every generation (also at an unchanged step), as sleep level 2 discards the weig
 reload TRL's backend does not implement (``NotImplementedError``, vllm-ascend) is skipped: the
 forced sync still follows. Unregistered engines (server mode, no sleep mode, a user's own ``LLM``)
 run vLLM's code unchanged.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ RELOAD = 'collective_rpc("reload_weights")'
 FIXED_MARKER = "_llm_weights_sleeping"
 
 # engine -> _State, for the engines of patched trainers only
-_STATES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class _State:

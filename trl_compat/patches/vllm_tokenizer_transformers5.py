@@ -23,8 +23,7 @@ Why no fix
     it could not be proved. Upgrading vLLM to 0.12.0 (or staying on transformers 4.x) ends it.
     ``changes`` names what TRL's shim replaces.
 
-Remove this patch when trl_compat no longer supports TRL < 0.26 (TRL 0.26+ carries the shim).
-"""
+Upstream: TRL 0.26+ carries the shim."""
 
 from __future__ import annotations
 

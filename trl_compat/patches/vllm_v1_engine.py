@@ -1,8 +1,5 @@
 """vllm-v1-engine: TRL 0.14/0.15's in-process vLLM sync crashes on vLLM's V1 engine (vLLM >= 0.8).
 
-Remove this patch when trl_compat no longer supports TRL 0.14.x and 0.15.x (or vLLM < 0.11, the
-last releases that ship the V0 engine this patch selects).
-
 The bug (TRL issue #3115; vllm 0.8.0 + trl 0.15.2): TRL 0.14.0 - 0.15.2 build ``vllm.LLM(...)`` in
 the training process and load new weights through
 ``self.llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights``: the V0
@@ -13,7 +10,7 @@ in-process path: 0.16 moved to a vLLM server, 0.18's colocate mode builds the en
 ``distributed_executor_backend="external_launcher"``. The workaround from the thread is
 ``VLLM_USE_V1=0``.
 
-Affected: TRL 0.14.0 - 0.15.2 (and 0.16.0.dev0 builds before the server mode, PR #3094) with
+Where it shows: TRL 0.14.0 - 0.15.2 (and 0.16.0.dev0 builds before the server mode, PR #3094) with
 ``use_vllm=True`` on vLLM >= 0.8.0 where vLLM picks V1 (on a GPU; vLLM 0.8.x's CPU build falls
 back to V0 by itself). vLLM 0.11.0 removed V0 (its ``vllm.engine.llm_engine.LLMEngine`` is an
 alias of the V1 class; 0.10.2 still ships V0): there no setting brings ``model_executor`` back to
@@ -31,6 +28,9 @@ has ``use_vllm=True`` and ``VLLM_USE_V1`` is unset, sets it in ``os.environ`` be
 vLLM itself would set it, so the V0 engine's later reads agree: vLLM engines built afterwards in
 this process use V0 unless the variable is changed. Reverting the patch removes the variable again
 if it still holds the "0" this patch set.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ The bug
     because it passes the bare module (see zero3-unwrap). TRL 0.16.0 calls
     ``_register_deepspeed_module`` when ``deepspeed.__version__ >= 0.16.4``.
 
-Affected: trl 0.14.0 to 0.15.2 (and main-branch installs up to the fix,
+Where it shows: trl 0.14.0 to 0.15.2 (and main-branch installs up to the fix,
 reporting 0.16.0.dev0) with deepspeed >= 0.16.4.
 
 How the probe recognises it
@@ -35,7 +35,8 @@ The fix
     runs unchanged. ``unwrap_model_for_generation`` looks ``add_hooks`` up as a
     module global, so it sees the wrapper.
 
-Remove this patch when trl_compat no longer supports TRL < 0.16.0.
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """zero3-peft-mixed-dtype: DeepSpeed 0.19.2 ZeRO-3 + LoRA on a bf16 model dies at the first optimizer
 step: ``TypeError: output tensor must have the same type as input tensor``.
 
-Remove this patch when trl_compat no longer supports DeepSpeed 0.19.2 (0.19.3 carries the fixes).
+Upstream: DeepSpeed 0.19.3 carries the fixes.
 
 The bug (TRL issue #6089, DeepSpeed issue #8072)
     DeepSpeed 0.19.2 (PR #8066, b919284ab) stopped casting the whole ZeRO-Init module to bf16 in
@@ -37,6 +37,9 @@ The fix
     model's dtype, as TRL 1.7 does. Anything else is passed through untouched.
     ``trl.models.utils.get_peft_model`` is shared by TRL's other trainers (``prepare_peft_model``): they
     get the same fix under ZeRO-3, which is where they have the same bug.
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ def _report():
 
         result["how"] = trl_compat.activation.this_process()
         result["statuses"] = {p.id: p.status for p in trl_compat.report()}
-    with open(os.path.join(os.environ["TRL_COMPAT_TEST_REPORT_DIR"], "%d.json" % os.getpid()), "w") as fh:
+    with open(os.path.join(os.environ["TRL_COMPAT_TEST_REPORT_DIR"], f"{os.getpid()}.json"), "w") as fh:
         json.dump(result, fh)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass
@@ -13,5 +12,5 @@ class Logprob:
     ``rank``: 1 + the number of tokens of the vocabulary scored strictly higher (1 = the argmax)."""
 
     logprob: float
-    rank: Optional[int] = None
-    decoded_token: Optional[str] = None
+    rank: int | None = None
+    decoded_token: str | None = None

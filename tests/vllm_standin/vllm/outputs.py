@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 
 @dataclass
@@ -11,9 +11,9 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list  # includes the EOS / stop token when generation stopped on one (as vLLM does)
-    cumulative_logprob: Optional[float] = None
-    logprobs: Optional[Any] = None
-    finish_reason: Optional[str] = None  # "stop" | "length"
+    cumulative_logprob: float | None = None
+    logprobs: Any | None = None
+    finish_reason: str | None = None  # "stop" | "length"
     stop_reason: Any = None  # None for EOS, else the stop token id
     lora_request: Any = None
 
@@ -24,13 +24,13 @@ class CompletionOutput:
 @dataclass
 class RequestOutput:
     request_id: str
-    prompt: Optional[str]
-    prompt_token_ids: Optional[list]
-    prompt_logprobs: Optional[Any]
+    prompt: str | None
+    prompt_token_ids: list | None
+    prompt_logprobs: Any | None
     outputs: list
     finished: bool
     metrics: Any = None
     lora_request: Any = None
-    encoder_prompt: Optional[str] = None
-    encoder_prompt_token_ids: Optional[list] = None
-    num_cached_tokens: Optional[int] = None
+    encoder_prompt: str | None = None
+    encoder_prompt_token_ids: list | None = None
+    num_cached_tokens: int | None = None

@@ -18,7 +18,7 @@ import dataclasses
 import importlib.metadata
 import re
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any
 
 
 def _installed_version() -> tuple:
@@ -39,30 +39,30 @@ if GUIDED_DECODING:
     class GuidedDecodingParams:
         """Placeholder with vLLM 0.7.2's fields; guided decoding itself is not implemented."""
 
-        json: Optional[Union[str, dict]] = None
-        regex: Optional[str] = None
-        choice: Optional[list] = None
-        grammar: Optional[str] = None
-        json_object: Optional[bool] = None
-        backend: Optional[str] = None
-        whitespace_pattern: Optional[str] = None
+        json: str | dict | None = None
+        regex: str | None = None
+        choice: list | None = None
+        grammar: str | None = None
+        json_object: bool | None = None
+        backend: str | None = None
+        whitespace_pattern: str | None = None
 
 
 @dataclass
 class StructuredOutputsParams:
     """Placeholder for the newer (vLLM >= 0.11) name, so newer TRL can import it; not implemented."""
 
-    json: Optional[Union[str, dict]] = None
-    regex: Optional[str] = None
-    choice: Optional[list] = None
-    grammar: Optional[str] = None
-    json_object: Optional[bool] = None
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
 
 
 @dataclass
 class SamplingParams:
     n: int = 1
-    best_of: Optional[int] = None
+    best_of: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -70,28 +70,28 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = -1
     min_p: float = 0.0
-    seed: Optional[int] = None
-    stop: Optional[Union[str, list]] = None
-    stop_token_ids: Optional[list] = None
-    bad_words: Optional[list] = None
+    seed: int | None = None
+    stop: str | list | None = None
+    stop_token_ids: list | None = None
+    bad_words: list | None = None
     ignore_eos: bool = False
-    max_tokens: Optional[int] = 16
+    max_tokens: int | None = 16
     min_tokens: int = 0
-    logprobs: Optional[int] = None
-    prompt_logprobs: Optional[int] = None
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
     detokenize: bool = True
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    logits_processors: Optional[Any] = None
+    logits_processors: Any | None = None
     include_stop_str_in_output: bool = False
-    truncate_prompt_tokens: Optional[int] = None
+    truncate_prompt_tokens: int | None = None
     output_kind: Any = None
     if GUIDED_DECODING:
-        guided_decoding: Optional[Any] = None
+        guided_decoding: Any | None = None
     if STRUCTURED_OUTPUTS:
-        structured_outputs: Optional[StructuredOutputsParams] = None
-    logit_bias: Optional[dict] = None
-    allowed_token_ids: Optional[list] = None
+        structured_outputs: StructuredOutputsParams | None = None
+    logit_bias: dict | None = None
+    allowed_token_ids: list | None = None
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -115,7 +115,7 @@ class SamplingParams:
         else:
             self.stop_token_ids = list(self.stop_token_ids)
 
-    def clone(self) -> "SamplingParams":
+    def clone(self) -> SamplingParams:
         return dataclasses.replace(self)
 
     # Fields the stand-in's generate() cannot honour when set to a non-default value.

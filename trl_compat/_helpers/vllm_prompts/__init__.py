@@ -42,7 +42,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from trl_compat._engine import Verdict, undecided
 from trl_compat._helpers.source import code, defining_class
@@ -67,7 +67,7 @@ def trains_on_vllm_prompt_ids(source) -> bool:
     return "output.prompt_token_ids for output in all_outputs" in source
 
 
-def generation_method(cls: type) -> Optional[str]:
+def generation_method(cls: type) -> str | None:
     """The GRPOTrainer method that tokenises the prompts and calls vLLM (None: none found).
     Raises SourceUnavailable when a candidate's source cannot be read."""
     for name in _CANDIDATES:

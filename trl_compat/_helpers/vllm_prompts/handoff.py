@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from trl_compat._engine import warn_once
 
@@ -23,9 +24,9 @@ class Handoff:
 
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
-        self.fixes: List[str] = []
-        self.lossy: Dict[str, Optional[list]] = {}  # 0.19.0's decoded text -> training ids (None: ambiguous)
-        self._undo: List[Any] = []
+        self.fixes: list[str] = []
+        self.lossy: dict[str, list | None] = {}  # 0.19.0's decoded text -> training ids (None: ambiguous)
+        self._undo: list[Any] = []
 
     # wrapping -------------------------------------------------------------------------------
     def install(self) -> None:
@@ -111,7 +112,7 @@ class Handoff:
             else:
                 self.lossy.setdefault(text, ids)
 
-    def target_ids(self, text: str) -> Optional[list]:
+    def target_ids(self, text: str) -> list | None:
         """The ids vLLM must run for ``text`` under the fixes in force; None: leave it as it is."""
         fixes = self.fixes
         base = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 from trl_compat._helpers.vllm_sync.fold import fold_is_exact
 
@@ -48,8 +48,8 @@ class Workspace:
 
     def __init__(self) -> None:
         self._use_count = _storage_users()
-        self._slots: Dict[Tuple[Any, Any], List[Any]] = {}
-        self._alone: Dict[int, int] = {}  # id(buffer) -> its use count while nothing else uses it
+        self._slots: dict[tuple[Any, Any], list[Any]] = {}
+        self._alone: dict[int, int] = {}  # id(buffer) -> its use count while nothing else uses it
 
     def _users(self, flat: Any) -> int:
         return self._use_count(flat.untyped_storage()._cdata)
@@ -151,7 +151,7 @@ def _add_rounded(weight: Any, delta: Any, workspace: Any) -> Any:
     return out
 
 
-def merged_weight(layer: Any, adapters: Tuple[str, ...], embedding: bool, workspace: Any = None) -> Any:
+def merged_weight(layer: Any, adapters: tuple[str, ...], embedding: bool, workspace: Any = None) -> Any:
     """``W`` plus each adapter's delta, added in PEFT's order and dtype rules. With a
     :class:`Workspace`, the result may live in one of its buffers."""
     import torch
@@ -188,7 +188,7 @@ def merged_weight(layer: Any, adapters: Tuple[str, ...], embedding: bool, worksp
 
 def _detached_copy(layer: Any) -> Any:
     """A deep copy of one layer that shares no tensor and no hook with the model."""
-    memo: Dict[int, Any] = {}
+    memo: dict[int, Any] = {}
     for module in layer.modules():
         for attr in _HOOK_DICTS:
             hooks = module.__dict__.get(attr)
@@ -200,7 +200,7 @@ def _detached_copy(layer: Any) -> Any:
     return copy.deepcopy(layer, memo)
 
 
-def copy_merged_state(layer: Any, prefix: str) -> Dict[str, Any]:
+def copy_merged_state(layer: Any, prefix: str) -> dict[str, Any]:
     """PEFT's own ``merge()`` on a private copy of the layer; the copy's base state."""
     import torch
 
@@ -212,8 +212,8 @@ def copy_merged_state(layer: Any, prefix: str) -> Dict[str, Any]:
         return shadow.get_base_layer().state_dict(prefix=prefix)
 
 
-def own_state(module: Any, prefix: str) -> Dict[str, Any]:
+def own_state(module: Any, prefix: str) -> dict[str, Any]:
     """Exactly what ``state_dict()`` stores for this module's own tensors."""
-    out: Dict[str, Any] = {}
+    out: dict[str, Any] = {}
     module._save_to_state_dict(out, prefix, False)
     return out

@@ -4,14 +4,15 @@ fallback: upstream TRL 0.15.1's in-place merge, for structures the plan does not
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, Generator, Iterator, List, Tuple
+from collections.abc import Generator, Iterator
+from typing import Any
 
 from trl_compat._helpers.vllm_sync.merge import Workspace, copy_merged_state, merged_weight, own_state
 from trl_compat._helpers.vllm_sync.structure import Peft, Step, plan_steps, resolve
 from trl_compat._helpers.zero3 import gathered
 
 
-def _step_params(step: Step) -> List[Any]:
+def _step_params(step: Step) -> list[Any]:
     if step.kind == "own":
         return [p for p in step.module._parameters.values() if p is not None]
     return list(step.module.parameters())
@@ -25,7 +26,7 @@ class Plan:
         self.peft = Peft()
         self.root, self.peft_model = resolve(model, self.peft)
         self.steps = plan_steps(self.root, self.peft)
-        self.merged_owner: Dict[int, Step] = {}
+        self.merged_owner: dict[int, Step] = {}
         for step in self.steps:
             if step.kind in ("fast", "copy"):
                 weight = step.module.get_base_layer()._parameters.get("weight")
@@ -37,7 +38,7 @@ class Plan:
             return merged_weight(owner.module, owner.adapters, type(owner.module) is self.peft.fast_embedding, workspace)
         return copy_merged_state(owner.module, "")["weight"]
 
-    def items(self, step: Step, workspace: Any = None) -> Dict[str, Any]:
+    def items(self, step: Step, workspace: Any = None) -> dict[str, Any]:
         """What this step sends. Call inside ``gathered(self.params(step))``. Merged weights may
         live in ``workspace`` (a :class:`~trl_compat._helpers.vllm_sync.merge.Workspace`)."""
         if step.kind == "copy":
@@ -56,7 +57,7 @@ class Plan:
                 out[step.prefix + name] = self._merged_from(owner, workspace)
         return out
 
-    def params(self, step: Step) -> List[Any]:
+    def params(self, step: Step) -> list[Any]:
         params = _step_params(step)
         if step.kind == "own":
             for param in list(params):
@@ -66,7 +67,7 @@ class Plan:
         return params
 
 
-def _stream(plan: Plan) -> Generator[Tuple[str, Any], None, None]:
+def _stream(plan: Plan) -> Generator[tuple[str, Any], None, None]:
     workspace = Workspace()  # this sync's buffers, gone with the stream
     for step in plan.steps:
         with gathered(plan.params(step)):
@@ -78,7 +79,7 @@ def _stream(plan: Plan) -> Generator[Tuple[str, Any], None, None]:
             del items
 
 
-def iter_vllm_weights(model: Any) -> Iterator[Tuple[str, Any]]:
+def iter_vllm_weights(model: Any) -> Iterator[tuple[str, Any]]:
     """Yield ``(name, tensor)`` for ``model`` as a plain model of its base architecture
     would have them in ``state_dict()``, LoRA adapters merged; one layer at a time.
 

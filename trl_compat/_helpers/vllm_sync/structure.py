@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from typing import Any
 
 from trl_compat._helpers.models import peel
 
@@ -47,7 +47,7 @@ class Peft:
         return cls is not None and isinstance(obj, cls)
 
 
-def resolve(model: Any, peft: Peft) -> Tuple[Any, Any]:
+def resolve(model: Any, peft: Peft) -> tuple[Any, Any]:
     """``(root, peft_model)``: the module whose state_dict names vLLM expects, and the
     PeftModel around it (or ``None``)."""
     model = peel(model, peft=False, fsdp=False)
@@ -69,10 +69,10 @@ class Step:
     kind: str  # "own": the module's own tensors; "fast": LoRA merged here; "copy": PEFT merges a copy
     prefix: str
     module: Any
-    adapters: Tuple[str, ...] = ()
+    adapters: tuple[str, ...] = ()
 
 
-def _adapters_to_merge(layer: Any, keys: Any) -> Tuple[str, ...]:
+def _adapters_to_merge(layer: Any, keys: Any) -> tuple[str, ...]:
     """Active adapters PEFT's ``merge()`` would add now: not already merged, present here."""
     active = layer.active_adapters
     if isinstance(active, str):
@@ -81,13 +81,13 @@ def _adapters_to_merge(layer: Any, keys: Any) -> Tuple[str, ...]:
     return tuple(name for name in active if name not in merged and name in keys)
 
 
-def _fast_kind(layer: Any, peft: Peft) -> Optional[Tuple[str, ...]]:
+def _fast_kind(layer: Any, peft: Peft) -> tuple[str, ...] | None:
     """Adapters to merge if this layer's merge is plain ``W += scaling * B @ A`` that we
     re-compute out of place; ``None`` sends the layer to PEFT's own merge on a copy."""
     import torch
 
     cls = type(layer)
-    base_cls: Tuple[Any, ...]  # torch classes (Any to mypy, so isinstance keeps `base` as the module it is)
+    base_cls: tuple[Any, ...]  # torch classes (Any to mypy, so isinstance keeps `base` as the module it is)
     if cls is peft.fast_linear and cls is not None:
         keys, base_cls = layer.lora_A.keys(), (torch.nn.Linear,)
         conv1d = getattr(sys.modules.get("transformers.pytorch_utils"), "Conv1D", None)
@@ -134,10 +134,10 @@ def _active_module(wrapper: Any) -> Any:
     return wrapper.original_module
 
 
-def plan_steps(root: Any, peft: Peft) -> List[Step]:
+def plan_steps(root: Any, peft: Peft) -> list[Step]:
     import torch
 
-    steps: List[Step] = []
+    steps: list[Step] = []
 
     def visit(module: Any, prefix: str) -> None:
         name = type(module).__name__

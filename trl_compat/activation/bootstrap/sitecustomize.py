@@ -36,7 +36,7 @@ def _run_shadowed_sitecustomize():
         if importlib.util.find_spec("sitecustomize") is not None:
             importlib.import_module("sitecustomize")
     except Exception as err:  # noqa: BLE001 - what site.execsitecustomize does with a failing sitecustomize
-        sys.stderr.write("Error in sitecustomize; set PYTHONVERBOSE for traceback:\n%s: %s\n" % (err.__class__.__name__, err))
+        sys.stderr.write(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{err.__class__.__name__}: {err}\n")
     finally:
         if "sitecustomize" not in sys.modules and ours is not None:
             sys.modules["sitecustomize"] = ours
@@ -50,8 +50,8 @@ def _activate():
         import trl_compat.activation
     except Exception as err:  # noqa: BLE001 - a broken trl_compat must not stop the interpreter
         sys.stderr.write(
-            "trl_compat: `trl-compat run` put its sitecustomize on PYTHONPATH, but %s could not import "
-            "trl_compat (%s: %s); this process runs without its fixes\n" % (sys.executable, err.__class__.__name__, err)
+            f"trl_compat: `trl-compat run` put its sitecustomize on PYTHONPATH, but {sys.executable} could not import "
+            f"trl_compat ({err.__class__.__name__}: {err}); this process runs without its fixes\n"
         )
         return
     trl_compat.activation.activate(trl_compat.activation.LAUNCHER)

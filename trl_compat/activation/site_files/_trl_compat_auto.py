@@ -36,8 +36,8 @@ def start():
             warned = raw
             try:
                 sys.stderr.write(
-                    "trl_compat: warning: %s=%r is not a recognised value (on: %s; off: %s or unset); assumed off\n"
-                    % (VARIABLE, raw, ", ".join(ON_VALUES), ", ".join(OFF_VALUES[:-1]))
+                    f"trl_compat: warning: {VARIABLE}={raw!r} is not a recognised value (on: {', '.join(ON_VALUES)}; "
+                    f"off: {', '.join(OFF_VALUES[:-1])} or unset); assumed off\n"
                 )
             except Exception:  # noqa: BLE001 - no stderr: nothing to warn on
                 pass
@@ -56,8 +56,8 @@ def activate():
         import trl_compat.activation
     except Exception as err:  # noqa: BLE001 - a broken trl_compat must not stop the interpreter
         sys.stderr.write(
-            "trl_compat: %s=%s is set, but %s could not import trl_compat (%s: %s); this process "
-            "runs without its fixes\n" % (VARIABLE, os.environ.get(VARIABLE), sys.executable, err.__class__.__name__, err)
+            f"trl_compat: {VARIABLE}={os.environ.get(VARIABLE)} is set, but {sys.executable} could not import trl_compat "
+            f"({err.__class__.__name__}: {err}); this process runs without its fixes\n"
         )
         return
     trl_compat.activation.activate(trl_compat.activation.SWITCHED)

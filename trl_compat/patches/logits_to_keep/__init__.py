@@ -1,9 +1,5 @@
 """logits-to-keep: TRL's "compute only the last K+1 logits" request must reach the model.
 
-Remove this patch when trl_compat no longer supports TRL < 0.20 with
-transformers < 4.49 (or >= 4.52 for TRL 0.14.0), nor TRL 0.14.0/0.19.x with
-models whose forward lacks ``logits_to_keep``.
-
 The bug
     GRPO needs logits for the completion tokens only, so TRL asks the model for
     the last ``K+1`` positions. TRL and transformers renamed that argument at

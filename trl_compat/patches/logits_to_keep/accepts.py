@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from typing import Dict, FrozenSet, NamedTuple, Optional, Tuple
+from typing import NamedTuple
 
 from trl_compat.patches.logits_to_keep.trl_call import NAMES, TrlCall
 
@@ -18,11 +18,11 @@ UNKNOWN = "signature unreadable: forward untouched"
 
 
 class Accepts(NamedTuple):
-    names: FrozenSet[str]  # which of NAMES the forward takes (incl. deprecate_kwarg aliases)
+    names: frozenset[str]  # which of NAMES the forward takes (incl. deprecate_kwarg aliases)
     var_kw: bool  # whether it has **kwargs (swallows what it does not know)
 
 
-def _aliases(fn) -> Dict[str, str]:
+def _aliases(fn) -> dict[str, str]:
     """``old -> new`` renames done by transformers' ``deprecate_kwarg`` wrappers around ``fn``."""
     found = {}
     for _ in range(20):
@@ -44,10 +44,10 @@ def _aliases(fn) -> Dict[str, str]:
     return found
 
 
-_accepts_cache: "weakref.WeakKeyDictionary[type, Optional[Accepts]]" = weakref.WeakKeyDictionary()
+_accepts_cache: weakref.WeakKeyDictionary[type, Accepts | None] = weakref.WeakKeyDictionary()
 
 
-def accepts(model_cls: type) -> Optional[Accepts]:
+def accepts(model_cls: type) -> Accepts | None:
     """What ``model_cls.forward`` takes, from its real signature; None if unreadable."""
     try:
         return _accepts_cache[model_cls]
@@ -56,7 +56,8 @@ def accepts(model_cls: type) -> Optional[Accepts]:
     result = None
     forward = getattr(model_cls, "forward", None)
     try:
-        params = inspect.signature(forward).parameters  # follows __wrapped__ (4.49-4.51 shim)
+        # follows __wrapped__ (4.49-4.51 shim); no forward (None) raises TypeError, handled below
+        params = inspect.signature(forward).parameters  # type: ignore[arg-type]
     except (TypeError, ValueError):
         params = None
     if params is not None:
@@ -72,7 +73,7 @@ def accepts(model_cls: type) -> Optional[Accepts]:
     return result
 
 
-def decide(accepted: Optional[Accepts], trl: TrlCall) -> str:
+def decide(accepted: Accepts | None, trl: TrlCall) -> str:
     """The per-model action for a forward that takes ``accepted``."""
     if accepted is None:
         return UNKNOWN
@@ -89,7 +90,7 @@ def decide(accepted: Optional[Accepts], trl: TrlCall) -> str:
 REFERENCE_MODEL = "LlamaForCausalLM"
 
 
-def reference_accepts() -> Tuple[Optional[Accepts], str]:
+def reference_accepts() -> tuple[Accepts | None, str]:
     """What transformers' causal LMs take (REFERENCE_MODEL's), and which transformers that is."""
     try:
         import transformers

@@ -16,7 +16,7 @@ import numbers
 import threading
 import types
 import weakref
-from typing import Any, List, Optional
+from typing import Any
 
 from trl_compat._helpers.models import peel
 from trl_compat.patches.logits_to_keep.accepts import Accepts
@@ -35,7 +35,7 @@ class _Switch:
     deleting that attribute; deleting it also restores the forward of every
     model we changed, so ``revert()`` leaves nothing behind."""
 
-    active: Optional[TrlCall] = None
+    active: TrlCall | None = None
 
     def __delattr__(self, name: str) -> None:
         super().__delattr__(name)
@@ -45,7 +45,7 @@ class _Switch:
 
 SWITCH = _Switch()
 LOCK = threading.RLock()
-_wrapped: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_wrapped: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _keep_last(logits, keep):
@@ -61,7 +61,7 @@ class _KeepLogitsForward:
     Holds no reference to the instance (``copy.deepcopy`` rebinds the method and
     the ``_PREV`` attribute to the copy)."""
 
-    def __init__(self, accepted: Accepts, wrapped, signature: Optional[inspect.Signature]):
+    def __init__(self, accepted: Accepts, wrapped, signature: inspect.Signature | None):
         self.accepted = accepted
         self.__wrapped__ = wrapped  # the function underneath, for accelerate's unwrapping
         if signature is not None:
@@ -162,5 +162,5 @@ def unwrap_all() -> None:
             log.warning("trl_compat: %s: could not restore %s.forward", PATCH_ID, type(model).__name__, exc_info=True)
 
 
-def wrapped_models() -> List[Any]:
+def wrapped_models() -> list[Any]:
     return list(_wrapped)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from typing import Any, Dict, Optional
+from typing import Any
 
 from trl_compat._engine import guarded
 from trl_compat._helpers.models import peel
@@ -16,10 +16,10 @@ from trl_compat.patches.logits_to_keep.trl_call import PATCH_ID, TrlCall
 
 log = logging.getLogger(__name__)
 
-_decisions: Dict[str, str] = {}
+_decisions: dict[str, str] = {}
 
 
-def prepare_model(model: Any) -> Optional[str]:
+def prepare_model(model: Any) -> str | None:
     """Make TRL's request reach ``model`` (the action taken, or None while the patch is off).
 
     Called by the patched TRL entry point for every model TRL is about to call;
@@ -38,7 +38,7 @@ def prepare_model(model: Any) -> Optional[str]:
     accepted = accepts(type(inner))
     action = decide(accepted, trl)
     with LOCK:
-        if action in (RENAME, SLICE):
+        if action in (RENAME, SLICE) and accepted is not None:
             wrap(inner, accepted)
         key = f"{type(inner).__module__}.{type(inner).__qualname__}"
         if _decisions.get(key) != action:
@@ -56,7 +56,7 @@ def prepare_model(model: Any) -> Optional[str]:
     return action
 
 
-def decisions() -> Dict[str, str]:
+def decisions() -> dict[str, str]:
     """``{model class: action}`` for every model class TRL called while the patch was on."""
     with LOCK:
         return dict(_decisions)

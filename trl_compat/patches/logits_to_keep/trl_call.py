@@ -4,7 +4,7 @@ whether it slices the logits itself afterwards, read from the installed TRL's co
 from __future__ import annotations
 
 import re
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple
 
 from trl_compat._helpers.source import code
 
@@ -28,7 +28,7 @@ _PASS_RE = re.compile(r"\b(num_logits_to_keep|logits_to_keep)\s*=\s*(?:num_logit
 _FALLBACK_RE = re.compile(r"\blogits\s*=\s*logits\s*\[\s*:\s*,\s*-\s*(?:num_logits_to_keep|logits_to_keep)\s*:\s*\]")
 
 
-def _caller(trainer_cls) -> Tuple[str, Optional[str]]:
+def _caller(trainer_cls) -> tuple[str, str | None]:
     """The method whose code calls the models, and its code."""
     for name, must_contain in (("_get_per_token_logps", None), ("compute_loss", "def get_per_token_logps")):
         fn = getattr(trainer_cls, name, None)
@@ -40,10 +40,10 @@ def _caller(trainer_cls) -> Tuple[str, Optional[str]]:
     return "", None
 
 
-def read_trl(module) -> Tuple[Optional[TrlCall], str]:
+def read_trl(module) -> tuple[TrlCall | None, str]:
     """``(TrlCall, "")`` or ``(None, why not)`` for the loaded ``trl.trainer.grpo_trainer``."""
     caller, text = _caller(module.GRPOTrainer)
-    if not caller:
+    if not caller or text is None:
         return None, "GRPOTrainer has neither _get_per_token_logps nor a compute_loss with a nested get_per_token_logps"
     passed = set(_PASS_RE.findall(text))
     if len(passed) != 1:

@@ -1,7 +1,6 @@
 """peft-optional: GRPO without peft installed must not die on PEFT names.
 
-Remove this patch when trl_compat no longer supports TRL < 0.16.0 (including
-0.15.0.dev0/0.16.0.dev0 git installs from before PR #2848).
+Main-branch builds: 0.15.0.dev0/0.16.0.dev0 git installs from before PR #2848 have the bug too.
 
 The bug
     ``trl/trainer/grpo_trainer.py`` binds ``PeftConfig``, ``get_peft_model``
@@ -23,7 +22,7 @@ The bug
       after the model has been loaded, instead of saying what to install.
       From PR #2848 on (0.16.0) TRL raises an ImportError itself.
 
-Affected: trl >=0.14.0.dev0,<=0.16.0.dev0 when peft is not importable.
+Where it shows: trl >=0.14.0.dev0,<=0.16.0.dev0 when peft is not importable.
 
 How the probe recognises it
     It walks the bytecode of every function whose globals are the trainer
@@ -44,6 +43,9 @@ The fix
     model or does any other work. With peft installed nothing is changed.
 
 Parts: ``scan`` (the bytecode walk), ``stand_ins`` (what is bound, and the ``peft_config`` check).
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ def apply(module: types.ModuleType, patcher) -> None:
     trainer = getattr(module, "GRPOTrainer", None)
     if isinstance(trainer, type):
         try:
-            takes_peft_config = "peft_config" in inspect.signature(trainer.__init__).parameters
+            takes_peft_config = "peft_config" in inspect.signature(trainer.__init__).parameters  # type: ignore[misc]  # the class's own
         except (TypeError, ValueError):
             takes_peft_config = False
         if takes_peft_config:

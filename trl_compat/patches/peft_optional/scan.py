@@ -6,7 +6,7 @@ from __future__ import annotations
 import builtins
 import dis
 import types
-from typing import Dict, Iterator, List, Tuple
+from collections.abc import Iterator
 
 PEFT_NAMES = ("PeftModel", "PeftConfig", "get_peft_model")
 GUARD = "is_peft_available"
@@ -29,7 +29,7 @@ def _members(obj) -> Iterator[types.FunctionType]:
         seen += 1
 
 
-def _functions(module: types.ModuleType) -> Iterator[Tuple[str, types.FunctionType]]:
+def _functions(module: types.ModuleType) -> Iterator[tuple[str, types.FunctionType]]:
     """Every function that looks its globals up in ``module``'s namespace."""
     namespace = vars(module)
     seen = set()
@@ -57,12 +57,12 @@ def _global_loads(code: types.CodeType) -> Iterator[str]:
             yield from _global_loads(const)
 
 
-def scan(module: types.ModuleType) -> Tuple[Dict[str, List[str]], Dict[str, List[str]]]:
+def scan(module: types.ModuleType) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     """``(unguarded, guarded)``: PEFT name -> functions of ``module`` that load
     it as a global although the module does not define it."""
     namespace = vars(module)
-    unguarded: Dict[str, List[str]] = {}
-    guarded: Dict[str, List[str]] = {}
+    unguarded: dict[str, list[str]] = {}
+    guarded: dict[str, list[str]] = {}
     for qualname, fn in _functions(module):
         loads = set(_global_loads(fn.__code__))
         missing = [n for n in PEFT_NAMES if n in loads and n not in namespace and not hasattr(builtins, n)]
@@ -71,5 +71,5 @@ def scan(module: types.ModuleType) -> Tuple[Dict[str, List[str]], Dict[str, List
     return unguarded, guarded
 
 
-def where(refs: Dict[str, List[str]]) -> str:
+def where(refs: dict[str, list[str]]) -> str:
     return "; ".join(f"{name} in {', '.join(sorted(fns))}" for name, fns in refs.items())

@@ -15,7 +15,7 @@ The bug
     and builds the sampler on that dataset. ``_get_eval_sampler(self,
     eval_dataset)`` always took the dataset and is not affected.
 
-Affected: trl >=0.15.0.dev0,<=0.17.0.dev0 (main installs before PR #3283)
+Where it shows: trl >=0.15.0.dev0,<=0.17.0.dev0 (main installs before PR #3283)
 with transformers >= 4.52.
 
 How the probe recognises it
@@ -37,10 +37,12 @@ The fix
     column-pruned copy of ``train_dataset``: same rows). Any other call reaches
     TRL's method as it is.
 
-Remove this patch when trl_compat no longer supports TRL < 0.17.0 (and
-0.17.0.dev0 installs older than PR #3283).
+Main-branch builds: 0.17.0.dev0 installs older than PR #3283 have the bug too.
 
 Parts: ``calls`` (how the installed code calls the samplers), ``sampler`` (the wrapper).
+
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

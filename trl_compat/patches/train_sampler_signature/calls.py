@@ -75,4 +75,4 @@ def signature_text(cls, sampler) -> str:
     """``Owner._get_train_sampler(self, ...)``, for reasons."""
     owner = defining_class(cls, sampler)
     signature = inspect.signature(getattr(cls, sampler))
-    return f"{owner.__qualname__}.{sampler}{signature.replace(return_annotation=inspect.Signature.empty)}"
+    return f"{(owner or cls).__qualname__}.{sampler}{signature.replace(return_annotation=inspect.Signature.empty)}"

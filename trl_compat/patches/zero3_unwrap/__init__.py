@@ -1,7 +1,6 @@
 """zero3-unwrap: unwrapping the bare module under ZeRO-3 uses its DeepSpeed engine.
 
-Remove this patch when trl_compat drops support for TRL < 0.16.0 (and 0.16.0.dev0
-installs older than PR #2871).
+Main-branch builds: 0.16.0.dev0 installs older than PR #2871 have the bug too.
 
 The bug
     Under DeepSpeed, ``Trainer.model`` stays the bare ``PreTrainedModel``; only
@@ -27,7 +26,7 @@ The bug
       ``add_hooks`` call is not in a ``finally``): a caller that catches the
       error keeps an engine without hooks.
 
-Affected: trl 0.14.0 (bare-module crash), main installs 1f344c937..cf97133d5^
+Where it shows: trl 0.14.0 (bare-module crash), main installs 1f344c937..cf97133d5^
 (GRPO crash), 0.15.0 to 0.15.2 and main up to PR #2871 (hooks left in place
 during GRPO generation), whenever DeepSpeed ZeRO-3 is used.
 
@@ -58,8 +57,8 @@ The fix
 Parts: this module (probe, apply), ``wrapper`` (the wrapper at run time), on the one
 ZeRO-3 helper :mod:`trl_compat._helpers.zero3` that zero3-hooks-api uses too.
 
-Remove this patch when trl_compat no longer supports TRL < 0.16.0 (and
-0.16.0.dev0 installs older than PR #2871).
+Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations
@@ -76,7 +75,7 @@ from trl_compat.patches.zero3_unwrap.wrapper import has_guard, wrap_unwrap
 
 NAME = "unwrap_model_for_generation"
 BARE_CALL = "unwrap_model_for_generation(self.model,"
-_made: "weakref.WeakSet" = weakref.WeakSet()  # the wrappers this copy of trl_compat made
+_made: weakref.WeakSet = weakref.WeakSet()  # the wrappers this copy of trl_compat made
 
 
 def _grpo_code():

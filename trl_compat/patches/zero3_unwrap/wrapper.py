@@ -81,6 +81,8 @@ def _hooks_removed(model, accelerator) -> bool:
 def _restore_hooks(model) -> None:
     utils = sys.modules.get("trl.models.utils")
     try:
+        if utils is None:
+            raise ModuleNotFoundError("trl.models.utils is not loaded")
         utils.add_hooks(model)  # the module global: later patches of add_hooks apply
     except Exception as exc:  # noqa: BLE001 - never hide the caller's own exception
         log.warning(
@@ -91,7 +93,7 @@ def _restore_hooks(model) -> None:
         )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _unguarded(remove_hooks) -> bool:
     """TRL's remove_hooks lacks 0.15's ``hasattr(model, "optimizer")`` guard (0.14.0)."""
     try:

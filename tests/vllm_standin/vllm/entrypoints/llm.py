@@ -5,8 +5,9 @@ from __future__ import annotations
 import glob
 import itertools
 import os
+from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any, Optional, Sequence, Union
+from typing import Any
 
 import torch
 
@@ -27,7 +28,7 @@ _STR_DTYPES = {
 }
 
 
-def resolve_dtype(dtype: Union[str, torch.dtype], config_dtype: Any) -> torch.dtype:
+def resolve_dtype(dtype: str | torch.dtype, config_dtype: Any) -> torch.dtype:
     """vLLM 0.7.2 ``_get_and_verify_dtype`` (GPU path): ``"auto"`` keeps the checkpoint dtype,
     except that float32 checkpoints run in float16."""
     if isinstance(config_dtype, str):
@@ -79,26 +80,26 @@ class LLM:
     def __init__(
         self,
         model: str,
-        tokenizer: Optional[str] = None,
+        tokenizer: str | None = None,
         tokenizer_mode: str = "auto",
         skip_tokenizer_init: bool = False,
         trust_remote_code: bool = False,
         allowed_local_media_path: str = "",
         tensor_parallel_size: int = 1,
-        dtype: Union[str, torch.dtype] = "auto",
-        quantization: Optional[str] = None,
-        revision: Optional[str] = None,
-        tokenizer_revision: Optional[str] = None,
+        dtype: str | torch.dtype = "auto",
+        quantization: str | None = None,
+        revision: str | None = None,
+        tokenizer_revision: str | None = None,
         seed: int = 0,
         gpu_memory_utilization: float = 0.9,
         swap_space: float = 4,
         cpu_offload_gb: float = 0,
-        enforce_eager: Optional[bool] = None,
+        enforce_eager: bool | None = None,
         max_seq_len_to_capture: int = 8192,
         disable_custom_all_reduce: bool = False,
         disable_async_output_proc: bool = False,
         hf_overrides: Any = None,
-        mm_processor_kwargs: Optional[dict] = None,
+        mm_processor_kwargs: dict | None = None,
         task: str = "auto",
         override_pooler_config: Any = None,
         compilation_config: Any = None,
@@ -235,7 +236,7 @@ class LLM:
             self._hf_model.load_state_dict(packed.hf_state_dict(), strict=True)
             self._synced_version = packed.weights_version
 
-    def _prompt_ids(self, prompt: Any) -> tuple[Optional[str], list[int]]:
+    def _prompt_ids(self, prompt: Any) -> tuple[str | None, list[int]]:
         """vLLM's input preprocessing: a text prompt (``str`` or ``{"prompt": ...}``, i.e.
         ``TextPrompt``) is encoded by the model's tokenizer *with* its special tokens
         (``add_special_tokens=True``: a BOS-adding tokenizer puts a BOS in front, even when the text
@@ -275,7 +276,7 @@ class LLM:
             self._scramble_weights()
         self.sleeping_tags = {"weights", "kv_cache"}
 
-    def wake_up(self, tags: Optional[list] = None) -> None:
+    def wake_up(self, tags: list | None = None) -> None:
         """``LLM.wake_up``: ``tags=None`` wakes everything, else only ``"weights"`` / ``"kv_cache"``;
         a tag that is not asleep makes vLLM warn and wake nothing."""
         self.engine_calls.append(("wake_up", None if tags is None else list(tags)))
@@ -297,7 +298,7 @@ class LLM:
         model.weights_version += 1
         model.scrambled_versions.append(model.weights_version)
 
-    def collective_rpc(self, method: Any, timeout: Optional[float] = None, args: tuple = (), kwargs: Optional[dict] = None) -> list:
+    def collective_rpc(self, method: Any, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None) -> list:
         """``LLM.collective_rpc``: runs ``method`` (a worker method's name, or a callable taking the
         worker first) on every worker (one here) and returns their results in a list."""
         self.engine_calls.append(("collective_rpc", method if isinstance(method, str) else getattr(method, "__name__", repr(method))))
@@ -310,16 +311,16 @@ class LLM:
     def chat(
         self,
         messages: Any,
-        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         lora_request: Any = None,
-        chat_template: Optional[str] = None,
+        chat_template: str | None = None,
         chat_template_content_format: str = "auto",
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
-        tools: Optional[list] = None,
-        chat_template_kwargs: Optional[dict] = None,
-        mm_processor_kwargs: Optional[dict] = None,
+        tools: list | None = None,
+        chat_template_kwargs: dict | None = None,
+        mm_processor_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
         """``LLM.chat`` (vLLM 0.10 - 0.12, Hugging Face tokenizers): each conversation goes through the
         tokenizer's chat template (``chat_template`` / ``tools`` / ``add_generation_prompt`` /
@@ -349,14 +350,14 @@ class LLM:
 
     def generate(
         self,
-        prompts: Union[str, dict, Sequence[Union[str, dict]], None] = None,
-        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-        prompt_token_ids: Optional[list] = None,
+        prompts: str | dict | Sequence[str | dict] | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        prompt_token_ids: list | None = None,
         use_tqdm: bool = True,
         lora_request: Any = None,
         prompt_adapter_request: Any = None,
         guided_options_request: Any = None,
-        priority: Optional[list] = None,
+        priority: list | None = None,
         _record: bool = True,
     ) -> list[RequestOutput]:
         if lora_request is not None or prompt_adapter_request is not None or guided_options_request is not None:
@@ -404,7 +405,7 @@ class LLM:
         for index, (_, ids, sp) in enumerate(requests):
             key = ("seed", index) if sp.seed is not None else (id(sp), len(ids))
             batches.setdefault(key, []).append(index)
-        results: list[Optional[RequestOutput]] = [None] * len(requests)
+        results: list[RequestOutput | None] = [None] * len(requests)
         for indices in batches.values():
             for index, output in zip(indices, self._generate_batch([requests[i] for i in indices])):
                 results[index] = output

@@ -27,7 +27,8 @@ tensor/pipeline parallelism, LoRA, and any other architecture.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -38,7 +39,7 @@ DEFAULT_VOCAB_PADDING_SIZE = 64
 # --------------------------------------------------------------------------------------------------
 # vllm/model_executor/utils.py + model_loader/weight_utils.py
 # --------------------------------------------------------------------------------------------------
-def set_weight_attrs(weight: torch.Tensor, weight_attrs: Optional[dict[str, Any]]) -> None:
+def set_weight_attrs(weight: torch.Tensor, weight_attrs: dict[str, Any] | None) -> None:
     if weight_attrs is None:
         return
     for key, value in weight_attrs.items():
@@ -59,7 +60,7 @@ def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> N
         param.data.copy_(loaded_weight)
 
 
-def maybe_remap_kv_scale_name(name: str, params_dict: dict) -> Optional[str]:
+def maybe_remap_kv_scale_name(name: str, params_dict: dict) -> str | None:
     """vLLM 0.7.2: kv-cache scale names are remapped; without quantization they are never params,
     so a ``*.kv_scale`` / ``*.k_scale`` / ``*.v_scale`` name maps to ``None`` (skipped)."""
     if name.endswith(".kv_scale"):
@@ -77,7 +78,7 @@ def maybe_remap_kv_scale_name(name: str, params_dict: dict) -> Optional[str]:
 # --------------------------------------------------------------------------------------------------
 # layers (tp = 1)
 # --------------------------------------------------------------------------------------------------
-def _param(*shape: int, dtype: torch.dtype, fill: Optional[float] = None) -> nn.Parameter:
+def _param(*shape: int, dtype: torch.dtype, fill: float | None = None) -> nn.Parameter:
     data = torch.zeros(*shape, dtype=dtype) if fill is None else torch.full(shape, fill, dtype=dtype)
     return nn.Parameter(data, requires_grad=False)
 
@@ -243,7 +244,7 @@ class AutoWeightsLoader:
     """vLLM 0.7.2 ``AutoWeightsLoader`` (logging left out)."""
 
     def __init__(
-        self, module: nn.Module, *, skip_prefixes: Optional[list[str]] = None, ignore_unexpected_prefixes: Optional[list[str]] = None
+        self, module: nn.Module, *, skip_prefixes: list[str] | None = None, ignore_unexpected_prefixes: list[str] | None = None
     ) -> None:
         self.module = module
         self.skip_prefixes = skip_prefixes or []
@@ -519,7 +520,7 @@ class _ForCausalLM(nn.Module):
         inter = cfg.intermediate_size
         out: dict[str, torch.Tensor] = {}
 
-        def put(name: str, tensor: Optional[torch.Tensor]) -> None:
+        def put(name: str, tensor: torch.Tensor | None) -> None:
             if tensor is not None:
                 out[name] = tensor.detach().clone()
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any, Callable
 
 
 class ModelRunner:
     """``llm.llm_engine.model_executor.driver_worker.model_runner``: holds ``.model``."""
 
-    def __init__(self, model: Any, load_checkpoint: Optional[Callable[[], Iterable]] = None):
+    def __init__(self, model: Any, load_checkpoint: Callable[[], Iterable] | None = None):
         self.model = model
         self._load_checkpoint = load_checkpoint
 

@@ -48,7 +48,7 @@ class LLMEngine:
             self.model_executor = self.engine_core.engine_core.model_executor
 
     @classmethod
-    def from_engine_args(cls, engine_args: Any) -> "LLMEngine":
+    def from_engine_args(cls, engine_args: Any) -> LLMEngine:
         return cls(
             engine_args.worker, engine_args.model_config, engine_args.tokenizer, multiprocess_mode=envs.VLLM_ENABLE_V1_MULTIPROCESSING
         )

@@ -1,0 +1,75 @@
+"""The matrix's lists agree (stack-free: reads tox.ini, matrix/cells/ and matrix/sweep.py only).
+
+- ``tox.ini``'s ``env_list`` runs every cell of ``matrix/cells/``, and names nothing else that would
+  fall to the default env (whose deps are ``matrix/cells/{env_name}.txt``): an extra has its own
+  ``[testenv:...]`` section.
+- ``matrix/sweep.py`` reads what a main-branch build must say from the commits that brought and
+  fixed each bug (``expected_at``), on a small git history built here.
+"""
+
+import configparser
+import importlib.util
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def env_list():
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(ROOT / "tox.ini")
+    entries = [line.split("#")[0].strip() for line in tox["tox"]["env_list"].splitlines()]
+    return [e for e in entries if e], {s.split(":", 1)[1] for s in tox.sections() if s.startswith("testenv:")}
+
+
+def test_tox_env_list_runs_every_cell_and_only_known_extras():
+    envs, own_sections = env_list()
+    cells = {path.stem for path in (ROOT / "matrix" / "cells").glob("*.txt")}
+    assert cells, "no cells found in matrix/cells"
+    assert len(envs) == len(set(envs)), f"env_list names an env twice: {sorted(e for e in envs if envs.count(e) > 1)}"
+    missing = sorted(cells - set(envs))
+    assert not missing, f"cells in matrix/cells/ that tox.ini's env_list does not run: {missing}"
+    unknown = sorted(e for e in envs if e not in cells and e not in own_sections)
+    assert not unknown, f"env_list names envs with neither a matrix/cells/<env>.txt nor a [testenv:<env>] section: {unknown}"
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    spec = importlib.util.spec_from_file_location("sweep", ROOT / "matrix" / "sweep.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_span_names_a_patch_and_every_build_is_listed_once(sweep):
+    from trl_compat.patches import PATCHES
+
+    assert set(sweep.BUG_SPANS) <= {p.id for p in PATCHES}
+    commits = [commit for commit, _, _ in sweep.COMMITS]
+    assert len(commits) == len(set(commits))
+    assert all(brought or fixed for brought, fixed in sweep.BUG_SPANS.values())
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_expected_at_reads_which_commits_a_build_contains(sweep, tmp_path, monkeypatch):
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    ids = []
+    for name in ("base", "brings", "middle", "fixes", "after"):
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", name)
+        ids.append(git("rev-parse", "HEAD"))
+    base, brings, middle, fixes, after = ids
+    monkeypatch.setattr(sweep, "BUG_SPANS", {"a": (brings, fixes), "b": (None, fixes), "c": (middle, None)})
+    dot_git = tmp_path / ".git"
+    assert sweep.expected_at(dot_git, base) == {"a": False, "b": True, "c": False}
+    assert sweep.expected_at(dot_git, brings) == {"a": True, "b": True, "c": False}
+    assert sweep.expected_at(dot_git, middle) == {"a": True, "b": True, "c": True}
+    assert sweep.expected_at(dot_git, fixes) == {"a": False, "b": False, "c": True}
+    assert sweep.expected_at(dot_git, after) == {"a": False, "b": False, "c": True}
+    with pytest.raises(RuntimeError, match="merge-base"):
+        sweep.expected_at(dot_git, "0" * 40)
