@@ -113,4 +113,4 @@ except Exception:
 if settings.guard_mode() != "off":  # imported only when asked for: start-up cost of the default
     from trl_compat import guard as _guard
 
-    _guard._control.from_environment()
+    _guard.from_environment()
