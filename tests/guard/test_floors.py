@@ -8,9 +8,9 @@ import ast
 import pathlib
 from typing import Dict, List, Optional, Set
 
-import pytest
-
 import trl_compat
+
+import pytest
 
 PACKAGE = pathlib.Path(trl_compat.__file__).parent
 LONGEST = 300  # lines; the registry (patches/__init__.py) is the one exception

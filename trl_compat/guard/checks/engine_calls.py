@@ -17,7 +17,7 @@ step 0 send the checkpoint's own weights, so what happens after them cannot be w
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from trl_compat.guard._engines import EngineRecord
 from trl_compat.guard._ledger import Alarm

@@ -26,7 +26,6 @@ is the run's (:class:`~trl_compat.guard._run.Run`): two trainers in one process 
 batch or a streak.
 """
 
-
 from __future__ import annotations
 
 import statistics

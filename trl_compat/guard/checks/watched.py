@@ -177,11 +177,7 @@ def compare_sent(watch: Watch, sent: Any, dtype: Any, wanted: Expected) -> Optio
         return Finding(watch.name, "differs", float(differ.double().mean()), float((sent - value).abs().max()))
     base, bound = wanted.base, wanted.bound
     moved = value.to(dtype) != base.to(dtype)
-    if (
-        not wanted.merged_in_place
-        and bool((sent == base.to(dtype).to(sent.dtype)).all())
-        and float(moved.double().mean()) >= MOVED
-    ):
+    if not wanted.merged_in_place and bool((sent == base.to(dtype).to(sent.dtype)).all()) and float(moved.double().mean()) >= MOVED:
         return Finding(watch.name, "unmerged", float(moved.double().mean()), float((sent - value).abs().max()))
     off = (sent - value).abs() > ULPS * _ulp(dtype) * bound + 1e-30
     if float(off.double().mean()) > CORRUPT:

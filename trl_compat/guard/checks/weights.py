@@ -34,7 +34,6 @@ A rule that cannot be decided (a tensor sharded as a DTensor or gathered elsewhe
 it here (a ``load_weights`` inside an engine call).
 """
 
-
 from __future__ import annotations
 
 from typing import Any, Optional, Tuple
@@ -174,9 +173,7 @@ def _fire_content(run: Optional[Run], sync: Sync, finding: Finding) -> None:
         what = f"the weight sync of step {sync.step} sent {name} off the merged LoRA weight on {frac:.1%} of sampled elements"
         cause, fix = "a wrong merge of the adapter into the sent weights", None
     else:
-        what = (
-            f"the weight sync of step {sync.step} sent {name} differing from the trainer's weight on {frac:.1%} of sampled elements"
-        )
+        what = f"the weight sync of step {sync.step} sent {name} differing from the trainer's weight on {frac:.1%} of sampled elements"
         cause, fix = "a stale or wrong copy of the weights was sent", None
     fire(run, Alarm("W1", what, cause, fix=fix, figures=figures, step=sync.step))
 

@@ -23,6 +23,7 @@ from trl_compat.guard._records import Sampled, Sampling
 from trl_compat.guard._run import Run
 from trl_compat.guard.checks import engine_calls
 from trl_compat.guard.observe import instances, trainers, vllm
+
 SAMPLING_ARGUMENTS = (
     "temperature",
     "top_p",

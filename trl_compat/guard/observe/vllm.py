@@ -27,6 +27,8 @@ MODEL_PATHS = (
     ("llm_engine", "model_executor", "driver_worker", "model_runner", "model"),  # V0; V1 colocate (TRL's own path)
     ("llm_engine", "model_executor", "driver_worker", "worker", "model_runner", "model"),  # V1 in process (vLLM 0.9+)
 )
+
+
 def _engine_model(llm: Any) -> Any:
     for path in MODEL_PATHS:
         node = llm
