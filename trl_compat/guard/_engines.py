@@ -1,15 +1,48 @@
 """What the guard knows of one vLLM engine (floor 1): check C's state machine, W1/W2's watched
-matrices and open sync, the trainer syncing into it, and the engine facts L's gate reads. The
+matrices (their sampled elements and snapshots) and open sync, the trainer syncing into it, and the engine facts L's gate reads. The
 observers build and update these records; the checks read and judge them."""
 
 from __future__ import annotations
 
 import weakref
+import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set
 
-if TYPE_CHECKING:
-    from trl_compat.guard.checks.watched import Finding, Watch
+SAMPLE = 4096  # elements per watched matrix (W1/W2)
+
+
+@dataclass
+class Finding:
+    """One sent matrix W1 found wrong."""
+
+    name: str
+    kind: str  # differs | unmerged | corrupted
+    frac: float  # fraction of sampled elements
+    max: float  # max |sent - expected|
+
+
+class Watch:
+    """One watched matrix: its sampled indices and snapshots (vLLM's dtype, 1-D, CPU)."""
+
+    def __init__(self, name: str, param: Any) -> None:
+        import torch
+
+        self.name = name
+        numel = param.numel()
+        generator = torch.Generator().manual_seed(zlib.crc32(name.encode()))  # the same on every rank
+        self.index = torch.randperm(numel, generator=generator)[:SAMPLE].sort().values if numel > SAMPLE else torch.arange(numel)
+        self.shape = tuple(param.shape)
+        self.dtype = param.dtype
+        self.checkpoint = self.engine_values(param)  # what the engine holds when built
+        self.verified: Optional[bool] = None  # None: not sent yet; False: vLLM stores it transformed
+        self.last: Optional[Any] = None  # the last sync's sent elements, in vLLM's dtype
+        self.previous: Optional[Any] = None
+        self.sent: Optional[Any] = None  # sent in the open sync, not yet loaded
+        self.trainer_last: Optional[Any] = None  # the trainer's expected elements at the last sync (or first generate)
+
+    def engine_values(self, param: Any) -> Any:
+        return param.detach().reshape(-1)[self.index.to(param.device)].to("cpu").clone()
 
 
 @dataclass
@@ -20,14 +53,14 @@ class Sync:
     trainer: Any  # the trainer whose weights are sent (None: unknown)
     count: int = 0  # tensors sent
     names: Set[str] = field(default_factory=set)  # their names, as vLLM names them
-    findings: List["Finding"] = field(default_factory=list)
+    findings: List[Finding] = field(default_factory=list)
 
 
 class Weights:
     """W1/W2's state for one in-process engine."""
 
     def __init__(self) -> None:
-        self.watches: Dict[str, "Watch"] = {}
+        self.watches: Dict[str, Watch] = {}
         self.params: Dict[str, Any] = {}  # watched name -> vLLM's parameter
         self.open: Optional[Sync] = None  # the sync being sent
         self.generated_at: Optional[int] = None  # the step of the last generate

@@ -5,15 +5,13 @@ with LoRA merged here at the sampled elements)."""
 from __future__ import annotations
 
 import re
-import zlib
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from trl_compat._helpers.models import peel
-from trl_compat.guard._engines import EngineRecord, Weights
+from trl_compat.guard._engines import EngineRecord, Finding, Watch, Weights
 from trl_compat.guard._ledger import LEDGER
 
-SAMPLE = 4096  # elements per watched matrix
 WATCHED = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
 MOVED = 0.01  # (i): the adapter moves at least this fraction of the sampled elements
 CORRUPT = 0.01  # (ii): more than this fraction off the merge
@@ -31,39 +29,6 @@ class Expected:
     bound: Optional[Any] = None  # LoRA: a rounding bound of the merge per element
     local: bool = False  # only this rank's shard (a DTensor): tells a change, not the values
     merged_in_place: bool = False  # PEFT merged the adapter into ``base_layer`` itself
-
-
-@dataclass
-class Finding:
-    """One sent matrix W1 found wrong."""
-
-    name: str
-    kind: str  # differs | unmerged | corrupted
-    frac: float  # fraction of sampled elements
-    max: float  # max |sent - expected|
-
-
-class Watch:
-    """One watched matrix: its sampled indices and snapshots (vLLM's dtype, 1-D, CPU)."""
-
-    def __init__(self, name: str, param: Any) -> None:
-        import torch
-
-        self.name = name
-        numel = param.numel()
-        generator = torch.Generator().manual_seed(zlib.crc32(name.encode()))  # the same on every rank
-        self.index = torch.randperm(numel, generator=generator)[:SAMPLE].sort().values if numel > SAMPLE else torch.arange(numel)
-        self.shape = tuple(param.shape)
-        self.dtype = param.dtype
-        self.checkpoint = self.engine_values(param)  # what the engine holds when built
-        self.verified: Optional[bool] = None  # None: not sent yet; False: vLLM stores it transformed
-        self.last: Optional[Any] = None  # the last sync's sent elements, in vLLM's dtype
-        self.previous: Optional[Any] = None
-        self.sent: Optional[Any] = None  # sent in the open sync, not yet loaded
-        self.trainer_last: Optional[Any] = None  # the trainer's expected elements at the last sync (or first generate)
-
-    def engine_values(self, param: Any) -> Any:
-        return param.detach().reshape(-1)[self.index.to(param.device)].to("cpu").clone()
 
 
 def _layer_number(name: str) -> int:

@@ -39,11 +39,11 @@ from __future__ import annotations
 from typing import Any, Optional, Tuple
 
 from trl_compat._engine import guarded
-from trl_compat.guard._engines import EngineRecord, Sync, Weights
+from trl_compat.guard._engines import EngineRecord, Finding, Sync, Watch, Weights
 from trl_compat.guard._ledger import LEDGER, Alarm
 from trl_compat.guard._mode import GUARD_ID, log
 from trl_compat.guard._run import Run, add, fire, global_step, run_of
-from trl_compat.guard.checks.watched import Finding, Watch, compare_sent, engine_built, expected, vllm_name
+from trl_compat.guard.checks.watched import compare_sent, engine_built, expected, vllm_name
 
 __all__ = ["Watch", "after_sync", "audit_sync", "before_generate", "engine_built", "vllm_name"]
 
