@@ -222,6 +222,6 @@ def test_the_gate(monkeypatch, version, mode, vllm_t, loss_t, sampling, compared
     logprobs._processed_without_temperature.cache_clear()  # read once per process otherwise
     engine = SimpleNamespace(logprobs_mode=mode) if mode else None
     sampled = Sampled(1, 0, None, None, (1, 2), (-1.0, -1.0), Sampling(temperature=vllm_t, **sampling), engine=engine)
-    reason = logprobs.unavailable(sampled, loss_t, SimpleNamespace(model=None))
+    reason = logprobs.unavailable(sampled, loss_t, False)  # no dropout
     logprobs._processed_without_temperature.cache_clear()
     assert (reason is None) == compared, reason

@@ -27,7 +27,9 @@ def _over_tau_batch(run, call, step):
     rows = []
     for i in range(8):
         vllm = tuple([-2.0] * 32)
-        rows.append((Sampled(call, step, None, None, tuple(range(i, i + 32)), vllm, Sampling(temperature=1.0)), torch.full((32,), -1.94)))
+        rows.append(
+            (Sampled(call, step, None, None, tuple(range(i, i + 32)), vllm, Sampling(temperature=1.0)), torch.full((32,), -1.94))
+        )
     logprobs.compare(run, rows)
     logprobs.flush(run)
 

@@ -34,7 +34,7 @@ from typing import Any, List, Tuple
 from trl_compat.guard._ledger import LEDGER, Alarm
 from trl_compat.guard._records import Batch, Sampled
 from trl_compat.guard._run import Run
-from trl_compat.guard.checks.logprobs_gate import loss_temperature, precision, unavailable
+from trl_compat.guard.checks.logprobs_gate import active_dropout, loss_temperature, precision, unavailable
 
 CLIP = 5.0
 MIN_COMPLETIONS = 8
@@ -49,8 +49,9 @@ def compare(run: Run, rows: List[Tuple[Sampled, Any]]) -> None:
     import torch
 
     loss_t = loss_temperature(run)
+    dropout = active_dropout(run.trainer)
     for sampled, values in rows:
-        reason = unavailable(sampled, loss_t, run.trainer)
+        reason = unavailable(sampled, loss_t, dropout)
         if reason is not None:
             LEDGER.warn_once("L:" + reason, f"check L unavailable for some completions: {reason}")
             continue

@@ -49,8 +49,9 @@ def loss_temperature(run: Run) -> float:
     return sampling.loss_temperature(trainer, run.caller) if trainer is not None and run.caller is not None else 1.0
 
 
-def unavailable(sampled: Sampled, loss_t: float, trainer: Any) -> Optional[str]:
-    """Why this completion cannot be compared (None: it can)."""
+def unavailable(sampled: Sampled, loss_t: float, dropout: bool) -> Optional[str]:
+    """Why this completion cannot be compared (None: it can); ``dropout``: the policy has active
+    dropout (:func:`active_dropout`, once per log-prob call, not per completion)."""
     if sampled.logprobs is None:
         return "vLLM returned no log-probs for these completions"
     truncated = sampled.sampling.truncated()
@@ -74,7 +75,7 @@ def unavailable(sampled: Sampled, loss_t: float, trainer: Any) -> Optional[str]:
             return f"vLLM's processed log-probs are at temperature {used:g}, the loss's at {loss_t:g}"
     else:
         return "which log-probs the engine returns (raw or processed) is unknown"
-    if _dropout(trainer):
+    if dropout:
         return "the policy has active dropout: its log-probs are noisy"
     return None
 
@@ -88,7 +89,7 @@ def _processed_without_temperature() -> bool:
     return version is not None and vllm_logprobs.FIELD_SINCE <= version < vllm_logprobs.TEMPERATURE_SURE_SINCE
 
 
-def _dropout(trainer: Any) -> bool:
+def active_dropout(trainer: Any) -> bool:
     model = getattr(trainer, "model", None)
     if model is None or not getattr(model, "training", False) or not hasattr(model, "modules"):
         return False
