@@ -206,7 +206,10 @@ def main() -> int:
     started = time.time()
     load_before = os.getloadavg()[0]
     models = args.models.split(",")
-    guards = [_run_worker(["alt", "guard", str(args.steps if m == "tiny" else args.large_steps), str(args.completion), m], {}) for m in models]
+    guards = [
+        _run_worker(["alt", "guard", str(args.steps if m == "tiny" else args.large_steps), str(args.completion), m], {})
+        for m in models
+    ]
     guard = guards[0]
     sync = _run_worker(["sync", str(args.reps)], {"TRL_COMPAT_GUARD": "1"})
     patches = _run_worker(["alt", "patches", str(args.steps), str(args.completion)], {})
