@@ -41,9 +41,9 @@ class _Owner:
 
 
 def new_run() -> Run:
-    """A fresh run of a stand-in trainer (keep the run: its trainer lives as long as it does)."""
+    """A fresh run of a stand-in trainer, apart from the process's runs (its step is 0)."""
     owner = _Owner()
-    run = run_of(owner)
+    run = Run(owner)
     run._owner = owner  # type: ignore[attr-defined]  # the run keeps its stand-in alive
     return run
 
