@@ -2,10 +2,13 @@
 patches cost a step where no bug triggers.
 
 * **guard per step**: one GRPO run (vLLM colocate on the test stand-in, a Qwen2 built in code)
-  whose optimizer steps alternate between the guard paused and on (``_control.pause``: the hooks
-  pass straight through while paused), so that both are measured under the same load on a shared
-  machine; the median of the per-pair ratios. Target: <= 2 % of a step where vLLM already returns
-  log-probs (TRL >= 0.23 asks for them itself).
+  whose optimizer steps alternate between the guard paused and on (``trl_compat.guard.pause``:
+  the hooks pass straight through while paused), so that both are measured under the same load on
+  a shared machine; the median of the per-pair ratios and of the per-pair added time. On the tiny
+  model and on one of over 20M parameters (``--models``): what the guard adds per step does not
+  grow with the model (sampled elements, token ids, one median per batch), so its share falls.
+  Target: <= 2 % of a step where vLLM already returns log-probs (TRL >= 0.23 asks for them
+  itself), or under 1 % on the larger model.
 * **guard per sync**: in one process, the engine model's ``load_weights`` of the trainer's whole
   state dict through the guard's hook (W1's audit, C's bookkeeping) vs vLLM's own method on the
   same engine, interleaved.
@@ -36,7 +39,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SUPPORT = os.path.join(ROOT, "tests", "support")
-MODEL = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4)
+MODELS = {
+    "tiny": dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4),
+    "large": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=4),
+}
+TARGET = {"tiny": 1.02, "large": 1.01}  # the guard's step on / off
 BASE_ENV = {
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
@@ -46,12 +53,12 @@ BASE_ENV = {
 }
 
 
-def _trainer(tmp: str, use_vllm: bool, steps: int, completion: int):
+def _trainer(tmp: str, use_vllm: bool, steps: int, completion: int, model: str = "tiny"):
     sys.path[:0] = [SUPPORT, ROOT]
     import grpo_run
     import tiny
 
-    path = tiny.save_tiny(os.path.join(tmp, "model"), model=tiny.make_model("qwen2", seed=0, **MODEL))
+    path = tiny.save_tiny(os.path.join(tmp, "model"), model=tiny.make_model("qwen2", seed=0, **MODELS[model]))
     return grpo_run.make_trainer(tmp, model=path, use_vllm=use_vllm, steps=steps, max_completion_length=completion)
 
 
@@ -76,9 +83,9 @@ def _step_times(trainer, switch=None) -> list:
 
 
 def _guard_switch(on: bool) -> None:
-    from trl_compat.guard import _control
+    from trl_compat import guard
 
-    _control.pause(not on)
+    guard.pause(not on)
 
 
 def _patches_switch(on: bool) -> None:
@@ -90,7 +97,7 @@ def _patches_switch(on: bool) -> None:
         trl_compat.revert()
 
 
-def worker_alternating(kind: str, steps: int, completion: int) -> dict:
+def worker_alternating(kind: str, steps: int, completion: int, model: str = "tiny") -> dict:
     """One run whose steps alternate off and on (the guard paused and resumed, or every patch
     reverted and installed again between steps): both under the same load."""
     import trl_compat
@@ -99,7 +106,8 @@ def worker_alternating(kind: str, steps: int, completion: int) -> dict:
     if kind == "guard":
         guard.enable()
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = _trainer(tmp, kind == "guard", steps, completion)
+        trainer = _trainer(tmp, kind == "guard", steps, completion, model)
+        params = sum(p.numel() for p in trainer.model.parameters())
         times = _step_times(trainer, _guard_switch if kind == "guard" else _patches_switch)
     if kind == "patches":
         trl_compat.install()
@@ -108,6 +116,9 @@ def worker_alternating(kind: str, steps: int, completion: int) -> dict:
         "off_s": statistics.median(off for off, _ in pairs),
         "on_s": statistics.median(on for _, on in pairs),
         "ratio": statistics.median(on / off for off, on in pairs),
+        "added_s": statistics.median(on - off for off, on in pairs),
+        "params": params,
+        "model": model,
         "pairs": len(pairs),
         "applied": len(trl_compat.applied()),
         "stats": guard.stats(),
@@ -180,11 +191,13 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=22)
     parser.add_argument("--completion", type=int, default=32)
     parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--models", default="tiny,large", help="the guard's per-step run on each of these (MODELS)")
+    parser.add_argument("--large-steps", type=int, default=12)
     args = parser.parse_args()
     if args.worker is not None:
         kind, *rest = args.worker
         if kind == "alt":
-            result = worker_alternating(rest[0], int(rest[1]), int(rest[2]))
+            result = worker_alternating(rest[0], int(rest[1]), int(rest[2]), *rest[3:])
         else:
             result = worker_sync(int(rest[0]))
         print(json.dumps(result))
@@ -192,7 +205,12 @@ def main() -> int:
 
     started = time.time()
     load_before = os.getloadavg()[0]
-    guard = _run_worker(["alt", "guard", str(args.steps), str(args.completion)], {})
+    models = args.models.split(",")
+    guards = [
+        _run_worker(["alt", "guard", str(args.steps if m == "tiny" else args.large_steps), str(args.completion), m], {})
+        for m in models
+    ]
+    guard = guards[0]
     sync = _run_worker(["sync", str(args.reps)], {"TRL_COMPAT_GUARD": "1"})
     patches = _run_worker(["alt", "patches", str(args.steps), str(args.completion)], {})
     stats = guard["stats"]
@@ -204,16 +222,25 @@ def main() -> int:
         f"cores, Python {platform.python_version()}, {versions()}; whole run {time.time() - started:.0f} s, load average "
         f"{load_before:.1f} before / {os.getloadavg()[0]:.1f} after. One thread per process. vLLM is the test stand-in.",
         "",
-        f"Model: Qwen2 built in code ({MODEL['hidden_size']} hidden, {MODEL['num_hidden_layers']} layers), float32, completions of "
-        f"up to {args.completion} tokens. Per step: one training run of {args.steps} optimizer steps whose steps alternate off "
+        "Models: Qwen2 built in code, "
+        + ", ".join(
+            f"{m} ({MODELS[m]['hidden_size']} hidden, {MODELS[m]['num_hidden_layers']} layers)" for m in args.models.split(",")
+        )
+        + f", float32, completions of up to {args.completion} tokens. The machine is shared and loaded (other jobs run beside "
+        "this one): only ratios and differences within one run mean anything. Per step: one training run per model of "
+        f"{args.steps} (tiny) or {args.large_steps} (large) optimizer steps whose steps alternate off "
         "and on (the guard paused and resumed; every patch reverted and installed again), so both are measured under the "
-        f"same load; steps 0 and 1 left out, then the median over {guard['pairs']} (guard) and {patches['pairs']} (patches) "
+        f"same load; steps 0 and 1 left out, then the median over the pairs (guard: in the table; patches: {patches['pairs']}) "
         "pairs of the ratio of a step on to the step off before it. Per sync and per generate: interleaved calls on one engine.",
         "",
         "| measured | off | on | on / off | target |",
         "|---|---|---|---|---|",
-        f"| GRPO step, vLLM colocate, the guard | {guard['off_s'] * 1e3:.1f} ms | {guard['on_s'] * 1e3:.1f} ms | "
-        f"{guard['ratio']:.3f}x | <= 1.02x |",
+        *(
+            f"| GRPO step, vLLM colocate, the guard: {g['model']} model, {g['params'] / 1e6:.1f}M parameters "
+            f"({g['pairs']} pairs; guard adds {g['added_s'] * 1e3:.1f} ms) | {g['off_s'] * 1e3:.1f} ms | {g['on_s'] * 1e3:.1f} ms | "
+            f"{g['ratio']:.3f}x | <= {TARGET[g['model']]:.2f}x |"
+            for g in guards
+        ),
         f"| weight sync (whole state dict into the engine), the guard's hook | {sync['sync_off_s'] * 1e3:.2f} ms | "
         f"{sync['sync_on_s'] * 1e3:.2f} ms | {sync['sync_on_s'] / sync['sync_off_s']:.3f}x | - |",
         f"| one generate of 8 prompts, `logprobs=0` asked (the stand-in, not vLLM) | {sync['gen_s'] * 1e3:.1f} ms | "
@@ -224,13 +251,19 @@ def main() -> int:
         f"The guarded run: {stats['generations']} generate calls, {stats['rows_checked']} loss rows checked against vLLM's "
         f"completions (in the steps it was on), {stats['alarms']} alarms.",
         "",
-        f"- the guard per step: {'met' if guard['ratio'] <= 1.02 else 'NOT met'} ({(guard['ratio'] - 1) * 100:+.1f} %)",
+        *(
+            f"- the guard per step, {g['model']} model: {'met' if g['ratio'] <= TARGET[g['model']] else 'NOT met'} "
+            f"({(g['ratio'] - 1) * 100:+.1f} %, {g['added_s'] * 1e3:+.1f} ms)"
+            for g in guards
+        ),
         f"- trl_compat's patches per step: {'met' if patches['ratio'] <= 1.01 else 'NOT met'} ({(patches['ratio'] - 1) * 100:+.1f} %)",
         "",
-        f"Reading it: the guard adds {(guard['on_s'] - guard['off_s']) * 1e3:.1f} ms to a step here and "
-        f"{(sync['sync_on_s'] - sync['sync_off_s']) * 1e3:.2f} ms to a sync. Most of it does not grow with the model: matching "
-        "each completion to its loss row (its token ids), the sampled elements of 4 watched matrices (W1/W2: 4096 each), one "
-        "median per batch (L). A real model's GRPO step takes seconds, so the share there is far below this tiny model's. TRL "
+        "Reading it: the guard adds "
+        + ", ".join(f"{g['added_s'] * 1e3:.1f} ms to a step of the {g['model']} model" for g in guards)
+        + f", and {(sync['sync_on_s'] - sync['sync_off_s']) * 1e3:.2f} ms to a sync (tiny model). What it adds does not grow with "
+        "the model: matching each completion to its loss row (its token ids), the sampled elements of 4 watched matrices "
+        "(W1/W2: 4096 each), one median per batch (L); so its share falls as the step grows. A real model's GRPO step takes "
+        "seconds, so the share there is far below these. TRL "
         ">= 0.23 (this cell) asks vLLM for log-probs itself: the guard adds none. On TRL 0.14 - 0.22 it asks for `logprobs=0`; "
         "the stand-in row above measures the stand-in (noise around 1x), not vLLM, whose cost is vLLM PR #57442's figure "
         "(0.947x tokens/s at concurrency 1, 0.5B model), not measured here.",

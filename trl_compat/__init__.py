@@ -162,4 +162,4 @@ if os.environ.get("TRL_COMPAT_GUARD", "").strip():  # the off-policy guard: its 
     if _settings.guard_mode() != "off":
         from trl_compat import guard as _guard
 
-        _guard._control.from_environment()
+        _guard.from_environment()

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import types
 
-from trl_compat.guard import _trainers
-from trl_compat.guard._alarms import LEDGER, Alarm
+from trl_compat.guard import testing
+from trl_compat.guard.observe import trainers
+from trl_compat.guard.testing import LEDGER, Alarm
 
 import pytest
 
@@ -21,8 +22,8 @@ def _alarms_fired_here_are_not_the_cells():
 
 
 def _fake_trainer(step):
-    # _trainers recognises TRL's GRPOTrainer by class name and module
-    cls = type("GRPOTrainer", (), {"__module__": "trl.trainer.grpo_trainer", "sync": lambda self: _trainers.sync_step()})
+    # the guard recognises TRL's GRPOTrainer by class name and module
+    cls = type("GRPOTrainer", (), {"__module__": "trl.trainer.grpo_trainer", "sync": lambda self: testing.sync_step()})
     trainer = cls()
     trainer.state = types.SimpleNamespace(global_step=step)
     return trainer
@@ -30,12 +31,12 @@ def _fake_trainer(step):
 
 def test_a_sync_no_trainer_makes_is_at_step_0_whatever_the_last_trainer(monkeypatch):
     earlier = _fake_trainer(5)
-    _trainers._seen.add(earlier)  # an earlier run's trainer, alive and adopted
-    assert _trainers.sync_step() == 0  # was 5: the earlier run's step made a new engine's first sync look post-step
+    testing.run_of(earlier)  # an earlier run's trainer, alive and adopted
+    assert testing.sync_step() == 0  # was 5: the earlier run's step made a new engine's first sync look post-step
 
 
 def test_a_sync_is_at_the_step_of_the_trainer_making_it(monkeypatch):
-    monkeypatch.setattr(_trainers, "adopt", lambda trainer: None)  # no loss-side capture for a fake
+    monkeypatch.setattr(trainers, "adopt", lambda trainer: None)  # no loss-side capture for a fake
     assert _fake_trainer(2).sync() == 2
 
 

@@ -8,10 +8,9 @@ import subprocess
 import sys
 
 from trl_compat._engine import settings
-from trl_compat.guard import _callback, _vllm
-from trl_compat.guard._alarms import LEDGER, Alarm
-from trl_compat.guard._records import Pending, Sampled, Sampling
+from trl_compat.guard import testing
 from trl_compat.guard.checks import engine_calls, prompts
+from trl_compat.guard.testing import LEDGER, Alarm, EngineRecord, Pending, Sampled, Sampling
 
 import pytest
 
@@ -46,7 +45,7 @@ def test_report_names_the_mode_and_every_check():
 
 
 def _engine(prefix_caching=True):
-    return _vllm.Engine(None, prefix_caching=prefix_caching)
+    return EngineRecord(None, prefix_caching=prefix_caching)
 
 
 def _alarms_after(calls):
@@ -58,7 +57,7 @@ def _alarms_after(calls):
 
 
 sync = lambda step: lambda e: engine_calls.synced(e, step)  # noqa: E731
-generate = lambda e: engine_calls.before_generate(e)  # noqa: E731
+generate = lambda e: engine_calls.before_generate(e, None)  # noqa: E731
 reset = lambda e: engine_calls.reset_prefix_cache(e, (), {})  # noqa: E731
 reload = lambda e: engine_calls.collective_rpc(e, ("reload_weights",), {})  # noqa: E731
 sleep = lambda level: lambda e: engine_calls.sleep(e, (), {"level": level})  # noqa: E731
@@ -135,10 +134,10 @@ def test_store_keeps_the_newest_of_a_prompt_and_drops_ambiguous_completions():
 
 
 def test_metrics_sum_counts_and_say_whether_any_alarm():
-    values = _callback.metrics({"alarm": [1.0, 1.0], "rows_checked": [4, 4], "kl_k3_median": [1e-4, 3e-4]})
+    values = testing.metrics({"alarm": [1.0, 1.0], "rows_checked": [4, 4], "kl_k3_median": [1e-4, 3e-4]})
     assert values["offpolicy/alarm"] == 1.0 and values["offpolicy/rows_checked"] == 8.0
     assert values["offpolicy/kl_k3_median"] == pytest.approx(2e-4)
-    assert _callback.metrics({})["offpolicy/alarm"] == 0.0
+    assert testing.metrics({})["offpolicy/alarm"] == 0.0
 
 
 def test_an_alarm_line_names_check_figures_cause_and_fix():
@@ -156,10 +155,10 @@ def test_a_reload_that_loaded_nothing_keeps_the_synced_weights():
     engine.model = object()
     engine_calls.synced(engine, 1)
     engine_calls.collective_rpc(engine, ("reload_weights",), {}, False)
-    engine_calls.before_generate(engine)
+    engine_calls.before_generate(engine, None)
     assert LEDGER.alarms[before:] == []
     engine_calls.collective_rpc(engine, ("reload_weights",), {}, True)
-    engine_calls.before_generate(engine)
+    engine_calls.before_generate(engine, None)
     assert [a.check for a in LEDGER.alarms[before:]] == ["C"]
 
 

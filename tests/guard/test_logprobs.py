@@ -33,21 +33,17 @@ SIZES = dict(per_device_train_batch_size=16, max_completion_length=32)
 
 def _vllm_or_skip(versions=None, patch_id=None):
     # TRL 0.14's log-prob function is nested in compute_loss: the guard gets no log-prob values there
-    version = guard_runs.vllm_run_or_skip(lambda v: v >= (0, 15) and (versions is None or versions(v)), patch_id)
-    from trl_compat.guard.checks import logprobs
-
-    logprobs.reset()
-    return version
+    return guard_runs.vllm_run_or_skip(lambda v: v >= (0, 15) and (versions is None or versions(v)), patch_id)
 
 
 def _l(alarms):
     return [a for a in alarms if a.check == "L"]
 
 
-def _decided():
-    from trl_compat.guard.checks import logprobs
+def _decided(trainer):
+    from trl_compat.guard import testing
 
-    return logprobs.decided()
+    return testing.decided(trainer)
 
 
 def _dataset():
@@ -59,7 +55,7 @@ def test_healthy_run_decides_D_every_step_no_alarm(tmp_path, guard):
     trainer = grpo_run.make_trainer(tmp_path, use_vllm=True, steps=3, train_dataset=_dataset(), **SIZES)
     trainer.train()
     assert guard() == [], [a.line() for a in guard()]
-    d = _decided()
+    d = _decided(trainer)
     assert len(d) == 3, d
     history = [h for h in trainer.state.log_history if "loss" in h]
     assert all(h["offpolicy/tokens"] >= 256 for h in history), history
@@ -80,7 +76,7 @@ def test_vllm_serving_another_checkpoint_is_caught_by_L_at_step_0(tmp_path, guar
     assert figures["precision"] == "fp32" and figures["D"] > 10 * figures["tau"] and figures["generated_at"] == 0
     assert "not staleness" in found[0].cause
     assert not [a for a in guard() if a.check in ("W2", "C")]  # the engine holds what it loaded
-    d = _decided()
+    d = _decided(trainer)
     assert d[1] < 1e-4 < d[0], d  # after the sync of step 1, vLLM holds the trainer's weights
     print("another checkpoint D:", d, figures)
 
@@ -105,7 +101,7 @@ def test_noise_in_vllm_weights_is_caught_by_L(tmp_path, guard):
     assert [a.step for a in found] == [1], [a.line() for a in guard()]
     assert found[0].figures["D"] > 10 * found[0].figures["tau"]
     assert [a.step for a in guard() if a.check == "W2"] == [1]
-    d = _decided()
+    d = _decided(trainer)
     assert d[0] < found[0].figures["tau"] and d[2] < found[0].figures["tau"], d  # step 2's sync repairs it
     print("noise D:", d, found[0].figures)
 
@@ -125,7 +121,7 @@ def test_raw_logprobs_at_temperature_below_1_are_not_compared(tmp_path, unpatche
     with unpatched("vllm-is-raw-logprobs"):
         trainer = grpo_run.make_trainer(tmp_path, use_vllm=True, steps=2, train_dataset=_dataset(), temperature=0.7, **SIZES)
         trainer.train()
-    assert _l(guard()) == [] and _decided() == []
+    assert _l(guard()) == [] and _decided(trainer) == []
     assert len(reasons) == 32 and set(reasons) == {
         "vLLM returns raw (temperature 1) log-probs and the loss computes them at temperature 0.7"
     }, set(reasons)
@@ -139,7 +135,7 @@ def test_raw_logprobs_at_low_temperature_would_alarm_without_the_gate(tmp_path, 
     with unpatched("vllm-is-raw-logprobs"):
         trainer = grpo_run.make_trainer(tmp_path, use_vllm=True, steps=2, train_dataset=_dataset(), temperature=0.3, **SIZES)
         trainer.train()
-    d = _decided()
+    d = _decided(trainer)
     found = _l(guard())
     # vLLM runs in float16 here ("auto" on a float32 checkpoint): τ = 0.05, over it on 2 batches in a row
     assert len(d) == 2 and min(d) > 0.05, d
@@ -156,7 +152,7 @@ def test_processed_logprobs_at_temperature_below_1_are_compared(tmp_path, guard)
     trainer = grpo_run.make_trainer(tmp_path, use_vllm=True, steps=2, train_dataset=_dataset(), temperature=0.7, **SIZES)
     trainer.train()
     assert guard() == []
-    d = _decided()
+    d = _decided(trainer)
     assert len(d) == 2 and max(d) < 1e-4, d
     print("processed T=0.7 D:", d)
 
@@ -165,15 +161,15 @@ def test_statistic_and_firing_rules(monkeypatch):
     """The rules on made-up batches: median of per-completion k3, 10τ once, τ on two consecutive batches."""
     if not HAVE_TORCH:
         pytest.skip("needs torch")
-    from trl_compat.guard import _alarms
-    from trl_compat.guard._records import Sampled, Sampling
+    from trl_compat.guard import testing
     from trl_compat.guard.checks import logprobs
+    from trl_compat.guard.testing import Sampled, Sampling
 
-    logprobs.reset()
+    run = testing.new_run()
     fired = []
-    monkeypatch.setattr(_alarms.LEDGER, "fire", fired.append)
+    monkeypatch.setattr(testing.LEDGER, "fire", fired.append)
     monkeypatch.setattr(logprobs, "precision", lambda engine, values: "fp32")
-    monkeypatch.setattr(logprobs, "loss_temperature", lambda trainer: 1.0)
+    monkeypatch.setattr(logprobs, "loss_temperature", lambda run: 1.0)
     monkeypatch.setattr(logprobs, "unavailable", lambda *a: None)
 
     def batch(call, shift, n=8, length=32):
@@ -182,8 +178,8 @@ def test_statistic_and_firing_rules(monkeypatch):
             vllm = tuple([-2.0] * length)
             sampled = Sampled(call, call, None, None, tuple(range(i, i + length)), vllm, Sampling(temperature=1.0))
             rows.append((sampled, torch.full((length,), -2.0 + shift)))
-        logprobs.compare(object(), rows)
-        logprobs.flush()
+        logprobs.compare(run, rows)
+        logprobs.flush(run)
 
     k3 = lambda x: float(torch.tensor(x).exp() - x - 1)  # noqa: E731
     batch(1, 0.0)
@@ -196,8 +192,8 @@ def test_statistic_and_firing_rules(monkeypatch):
     assert len(fired) == 2
     batch(6, 1.0, n=7)  # too few completions: no decision
     batch(7, 1.0, length=16)  # 8 x 16 = 128 tokens: too few
-    assert len(fired) == 2 and len(logprobs.decided()) == 5
-    logprobs.reset()
+    assert len(fired) == 2 and len(run.decided) == 5
+    assert [a.step for a in fired] == [3, 5]  # each alarm carries its batch's step
 
 
 @pytest.mark.parametrize(
@@ -219,13 +215,13 @@ def test_the_gate(monkeypatch, version, mode, vllm_t, loss_t, sampling, compared
     from types import SimpleNamespace
 
     from trl_compat._helpers import vllm_logprobs
-    from trl_compat.guard._records import Sampled, Sampling
-    from trl_compat.guard.checks import logprobs
+    from trl_compat.guard.checks import logprobs_gate as logprobs
+    from trl_compat.guard.testing import Sampled, Sampling
 
     monkeypatch.setattr(vllm_logprobs, "vllm_version", lambda: version)
     logprobs._processed_without_temperature.cache_clear()  # read once per process otherwise
     engine = SimpleNamespace(logprobs_mode=mode) if mode else None
     sampled = Sampled(1, 0, None, None, (1, 2), (-1.0, -1.0), Sampling(temperature=vllm_t, **sampling), engine=engine)
-    reason = logprobs.unavailable(sampled, loss_t, SimpleNamespace(model=None))
+    reason = logprobs.unavailable(sampled, loss_t, False)  # no dropout
     logprobs._processed_without_temperature.cache_clear()
     assert (reason is None) == compared, reason

@@ -39,20 +39,9 @@ def _checks(alarms, *names):
 
 def _engine_state(trainer):
     """The guard's record of the trainer's engine (held by its generate hook)."""
-    seen, todo = set(), [vars(grpo_run.trainer_llm(trainer))["generate"]]
-    while todo:
-        fn = todo.pop()
-        if id(fn) in seen:
-            continue
-        seen.add(id(fn))
-        for cell in getattr(fn, "__closure__", None) or ():
-            value = cell.cell_contents
-            if type(value).__name__ == "Engine":
-                return value
-            if callable(value):
-                todo.append(getattr(value, "func", value))
-                todo.extend(a for a in getattr(value, "args", ()) if type(a).__name__ == "Engine" or callable(a))
-    raise AssertionError("the guard's engine record was not found")
+    from trl_compat.guard import testing
+
+    return testing.engine_of(grpo_run.trainer_llm(trainer))
 
 
 # -- W1: LoRA's merged weights lost (TRL 0.15.0) ---------------------------------------------------------

@@ -41,7 +41,7 @@ def main():
 
     import trl_compat
     import trl_compat.guard as offpolicy
-    from trl_compat.guard._alarms import LEDGER
+    from trl_compat.guard import testing
 
     import torch
     from torch.distributed.device_mesh import init_device_mesh
@@ -108,7 +108,7 @@ def main():
         "guard",
         alarms=[dict(check=a.check, step=a.step, fix=a.fix, figures=a.figures, line=a.line()) for a in offpolicy.alarms()],
         stats=offpolicy.stats(),
-        figures=dict(LEDGER.figures),  # no Trainer loop here: nothing took them for the logs
+        figures=testing.figures(trainer),  # no Trainer loop here: nothing took them for the logs
         synced_names=len(llm.model.received_names),
     )
     torch.distributed.barrier()

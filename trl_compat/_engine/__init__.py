@@ -18,7 +18,7 @@ A patch is declared once as a :class:`Patch`: data, plus the module of its ``pro
 :mod:`.state`'s :class:`~.state.Registry` owns the patches, their states and the lock;
 :mod:`.lifecycle` changes them, :mod:`.reporting` reads them back. :mod:`.targets` resolves
 what a patch declares it changes and how patches stack. At run time, a wrapper's own
-bookkeeping goes through :func:`guarded` (:mod:`.guard`). Nothing here raises into the user's
+bookkeeping goes through :func:`guarded` (:mod:`.fallback`). Nothing here raises into the user's
 program unless ``TRL_COMPAT_STRICT=1``. Tests reach the engine's state through
 :mod:`trl_compat.testing`.
 
@@ -31,7 +31,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from trl_compat._engine.guard import guarded
+    from trl_compat._engine.fallback import guarded
     from trl_compat._engine.lifecycle import install, revert, stacking, unregister
     from trl_compat._engine.logs import warn_once
     from trl_compat._engine.patch import (
@@ -86,7 +86,7 @@ _LAZY = {
     "applied": ("reporting", "applied"),
     "dist_version": ("versions", "dist_version"),
     "gate": ("versions", "gate"),
-    "guarded": ("guard", "guarded"),
+    "guarded": ("fallback", "guarded"),
     "install": ("lifecycle", "install"),
     "markers": ("patcher", "markers"),
     "needed": ("patch", "needed"),

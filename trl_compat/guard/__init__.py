@@ -10,19 +10,52 @@ order around weight syncs, W1 what each sync sent, W2 the weights vLLM holds at 
 L log-prob agreement. They hook vLLM's public surface (``LLM`` and TRL's ``VLLMClient``), not
 TRL's internals, and match completions to the loss's rows by their token ids. An alarm is one
 ERROR line on the ``trl_compat.guard`` logger and ``offpolicy/*`` values in the logged metrics.
+
+Floors, each importing only those below it:
+
+1. ``_mode`` (the switch, ``observing()``, ``pause()``, the guard's id and logger), ``_ledger``
+   (alarms and this process's counts), ``_records`` (completions), ``_run`` (one :class:`Run`
+   per adopted trainer), ``_engines`` (one record per vLLM engine);
+2. ``checks/``: P, S, C, W1/W2, L, functions of (run, engine record, observation);
+3. ``observe/``: the hooks on vLLM, TRL's client, the loss, transformers' callbacks;
+4. ``_install``: :func:`enable` / :func:`disable`. ``_describe`` (``python -m trl_compat``) and
+   ``testing`` (the tests' surface) stand aside.
+
+Rules (held by tests/guard/test_floors.py):
+
+* ``checks/`` never imports ``observe/`` or ``_install``; nothing below ``_install`` imports it;
+* only ``observe/trainers.py`` walks the stack;
+* every alarm carries the step it belongs to (the check sets it: no "current step" global);
+* a run's state dies with its trainer (runs are held weakly): two trainers in one process share
+  no streak, seen call, figure or pending completion.
 """
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, List
 
-from trl_compat.guard._alarms import CHECKS, LEDGER, Alarm, OffPolicyError
-from trl_compat.guard._control import active, disable, enable, is_strict, mode, observing
+from trl_compat.guard._install import disable, enable, from_environment
+from trl_compat.guard._ledger import CHECKS, LEDGER, Alarm, OffPolicyError
+from trl_compat.guard._mode import active, is_strict, mode, observing, pause
 
-__all__ = ["CHECKS", "Alarm", "OffPolicyError", "active", "alarms", "disable", "enable", "is_strict", "mode", "observing", "stats"]
+__all__ = [
+    "CHECKS",
+    "Alarm",
+    "OffPolicyError",
+    "active",
+    "alarms",
+    "disable",
+    "enable",
+    "from_environment",
+    "is_strict",
+    "mode",
+    "observing",
+    "pause",
+    "stats",
+]
 
 
-def alarms() -> list:
+def alarms() -> List[Alarm]:
     """Every alarm raised in this process so far (oldest first)."""
     with LEDGER.lock:
         return list(LEDGER.alarms)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Dict, Optional
 
 from trl_compat._engine import pep440, settings
-from trl_compat.guard._alarms import CHECKS
+from trl_compat.guard._ledger import CHECKS
 
 
 def _at_least(version: Optional[str], release: tuple) -> Optional[bool]:

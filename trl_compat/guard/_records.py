@@ -1,4 +1,4 @@
-"""What vLLM was asked and returned, kept until the loss uses the completions.
+"""What vLLM was asked and returned, kept until the loss uses the completions (floor 1).
 
 Completions are matched to the loss's rows by their token ids: the ids vLLM returned are the ids
 TRL trains on (padded, masked after the first EOS), whatever TRL does in between (the main-rank
@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import collections
 import threading
-import weakref
-from dataclasses import dataclass
-from typing import Any, Deque, Dict, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, Set, Tuple
+
+if TYPE_CHECKING:
+    from trl_compat.guard._engines import EngineRecord
 
 MAX_PENDING = 16384  # completions kept for matching: a few steps' worth of any batch size
 
@@ -30,6 +32,27 @@ class Sampling:
     penalties: Tuple[str, ...] = ()  # names of active repetition/presence/frequency penalties
     guided: bool = False  # guided decoding, structured outputs or logits processors
     logprobs: bool = False  # whether the caller asked for log-probs
+
+    @classmethod
+    def of(cls, params: Any) -> "Sampling":
+        """The loss-relevant part of a ``SamplingParams`` (or of a dict of its fields)."""
+        get = params.get if isinstance(params, dict) else lambda name, default=None: getattr(params, name, default)
+        penalties = tuple(
+            f"{name}={get(name)}"
+            for name, neutral in (("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0))
+            if get(name) not in (None, neutral)
+        )
+        guided = any(get(name) is not None for name in ("guided_decoding", "structured_outputs", "guided_decoding_regex"))
+        temperature = get("temperature")
+        return cls(
+            temperature=float(temperature) if temperature is not None else None,
+            top_k=get("top_k"),
+            top_p=get("top_p"),
+            min_p=get("min_p"),
+            penalties=penalties,
+            guided=guided or bool(get("logits_processors")),
+            logprobs=get("logprobs") is not None,
+        )
 
     def truncated(self) -> Tuple[str, ...]:
         """The settings that make generation deliberately differ from the full-vocabulary policy."""
@@ -57,7 +80,7 @@ class Sampled:
     completion_ids: Tuple[int, ...]
     logprobs: Optional[Tuple[float, ...]]  # vLLM's log-prob of each sampled token
     sampling: Sampling
-    engine: Any = None  # the guard's record of the engine (in-process), or None (server)
+    engine: Optional["EngineRecord"] = None  # the guard's record of the engine (in-process), or None (server)
     truncate: Optional[int] = None  # the server keeps the last this many ids of the prompt it tokenises
     prompt_checked: bool = False
     logprobs_checked: bool = False
@@ -70,7 +93,7 @@ class Pending:
         self._lock = threading.Lock()
         self._order: Deque[Tuple[int, ...]] = collections.deque()
         self._by_ids: Dict[Tuple[int, ...], Sampled] = {}
-        self._ambiguous: set = set()
+        self._ambiguous: Set[Tuple[int, ...]] = set()
         self._limit = limit
 
     def add(self, sampled: Sampled) -> None:
@@ -104,15 +127,15 @@ class Pending:
             self._ambiguous.clear()
 
 
-_pending: "weakref.WeakKeyDictionary[Any, Pending]" = weakref.WeakKeyDictionary()
-_pending_lock = threading.Lock()
+@dataclass
+class Batch:
+    """Check L's figures of one generation batch (one generate call) of one run, until decided."""
 
-
-def pending(trainer: Any) -> Pending:
-    """The completions generated for ``trainer``'s loss: one store per trainer, so that two runs in
-    one process (a notebook, a test session) never match each other's completions."""
-    with _pending_lock:
-        store = _pending.get(trainer)
-        if store is None:
-            store = _pending[trainer] = Pending()
-        return store
+    call: int
+    step: int
+    tau: float
+    precision: str
+    kl: List[float] = field(default_factory=list)  # m_i per completion
+    abs_diff: float = 0.0  # sum of |Δ| over tokens
+    diff: float = 0.0  # sum of Δ
+    tokens: int = 0

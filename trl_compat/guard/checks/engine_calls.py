@@ -17,14 +17,16 @@ step 0 send the checkpoint's own weights, so what happens after them cannot be w
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Optional
 
-from trl_compat.guard._alarms import LEDGER, Alarm
+from trl_compat.guard._engines import EngineRecord
+from trl_compat.guard._ledger import Alarm
+from trl_compat.guard._run import Run, fire
 
 RELOAD = "reload_weights"
 
 
-def synced(engine: Any, step: int) -> None:
+def synced(engine: EngineRecord, step: int) -> None:
     engine.syncs += 1
     engine.last_sync_step = step
     if engine.asleep is not None:
@@ -34,12 +36,12 @@ def synced(engine: Any, step: int) -> None:
         engine.prefix_dirty = True
 
 
-def reset_prefix_cache(engine: Any, args: tuple, kwargs: dict, loaded: bool = False) -> None:
+def reset_prefix_cache(engine: EngineRecord, args: tuple, kwargs: dict, loaded: bool = False) -> None:
     # vLLM may answer False (requests still hold blocks) or None (0.9 V1): the call was made
     engine.prefix_dirty = False
 
 
-def sleep(engine: Any, args: tuple, kwargs: dict, loaded: bool = False) -> None:
+def sleep(engine: EngineRecord, args: tuple, kwargs: dict, loaded: bool = False) -> None:
     level = kwargs.get("level", args[0] if args else 1)
     engine.asleep = int(level)
     engine.synced_while_asleep = False
@@ -47,7 +49,7 @@ def sleep(engine: Any, args: tuple, kwargs: dict, loaded: bool = False) -> None:
         engine.state = "discarded"
 
 
-def wake_up(engine: Any, args: tuple, kwargs: dict, loaded: bool = False) -> None:
+def wake_up(engine: EngineRecord, args: tuple, kwargs: dict, loaded: bool = False) -> None:
     tags = kwargs.get("tags", args[0] if args else None)
     if tags is not None and "weights" not in tags:
         return
@@ -57,7 +59,7 @@ def wake_up(engine: Any, args: tuple, kwargs: dict, loaded: bool = False) -> Non
     engine.synced_while_asleep = False
 
 
-def collective_rpc(engine: Any, args: tuple, kwargs: dict, loaded: bool = False) -> None:
+def collective_rpc(engine: EngineRecord, args: tuple, kwargs: dict, loaded: bool = False) -> None:
     """``loaded``: vLLM called its model's ``load_weights`` during the call. A reload that loaded
     nothing was made a no-op (trl_compat's ``vllm-sleep-mode-weights`` does so after a sync); where
     the model is out of reach (another process), the call is taken at its word."""
@@ -67,10 +69,14 @@ def collective_rpc(engine: Any, args: tuple, kwargs: dict, loaded: bool = False)
         engine.state = "disk"
 
 
-def before_generate(engine: Any) -> None:
+def before_generate(engine: EngineRecord, run: Optional[Run]) -> None:
+    """Judge the calls since the last sync, as ``generate`` starts (for ``run``'s step; step 0 for
+    an engine no trainer drives)."""
+    step = run.step if run is not None else 0
     moved = engine.last_sync_step > 0  # the last sync sent weights an optimizer step had changed
     if moved and engine.state == "disk":
-        LEDGER.fire(
+        fire(
+            run,
             Alarm(
                 "C",
                 f"vLLM reloaded the on-disk checkpoint (collective_rpc({RELOAD!r})) after the weight sync of step "
@@ -78,28 +84,34 @@ def before_generate(engine: Any) -> None:
                 "the sleep-mode reload runs after the sync (TRL #5312, TRL 0.25+ with vllm_enable_sleep_mode=True)",
                 fix="vllm-sleep-mode-weights",
                 figures={"last_sync_step": engine.last_sync_step},
-            )
+                step=step,
+            ),
         )
     elif moved and engine.state == "discarded":
-        LEDGER.fire(
+        fire(
+            run,
             Alarm(
                 "C",
                 "vLLM generates after sleep(level=2) discarded its weights, with no reload or weight sync since",
                 "sleep level 2 without a re-sync (vLLM #29341)",
                 fix="vllm-sleep-mode-weights",
-            )
+                step=step,
+            ),
         )
     elif moved and engine.state == "lost":
-        LEDGER.fire(
+        fire(
+            run,
             Alarm(
                 "C",
                 f"the weight sync of step {engine.last_sync_step} was written into a sleeping engine and wake_up() "
                 "restored the weights from before it",
                 "a sync while vLLM sleeps (TRL #5142, fixed in TRL 0.29.0)",
-            )
+                step=step,
+            ),
         )
     if moved and engine.prefix_dirty:
-        LEDGER.fire(
+        fire(
+            run,
             Alarm(
                 "C",
                 f"the weights changed at the sync of step {engine.last_sync_step} but the prefix cache was not reset: "
@@ -107,7 +119,8 @@ def before_generate(engine: Any) -> None:
                 "no reset_prefix_cache() after load_weights (TRL 0.15's vllm-prefix-cache bug)",
                 fix="vllm-prefix-cache",
                 figures={"last_sync_step": engine.last_sync_step},
-            )
+                step=step,
+            ),
         )
         engine.prefix_dirty = False  # once per sync
     if engine.state in ("disk", "discarded", "lost") and moved:

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
 
-from trl_compat.guard._alarms import LEDGER, Alarm
+from trl_compat.guard._ledger import Alarm
+from trl_compat.guard._records import Sampled
+from trl_compat.guard._run import Run
 
 SNIPPET = 8
 
 
-def _engine_prompt(sampled: Any, tokenizer: Any) -> Tuple[Optional[list], bool]:
+def _engine_prompt(sampled: Sampled, tokenizer: Any) -> Tuple[Optional[list], bool]:
     if sampled.prompt_ids is not None:
         return list(sampled.prompt_ids), False
     if sampled.prompt_text is not None and hasattr(tokenizer, "encode"):
@@ -49,9 +51,10 @@ def likely_cause(engine: List[int], loss: List[int], tokenizer: Any) -> Tuple[st
     return "the prompt vLLM generated from is not the loss's prompt", None
 
 
-def check(rows: List[Tuple[int, list, Any]], tokenizer: Any) -> None:
-    """``rows``: (row index, loss prompt ids, the matched vLLM completion)."""
-    mismatched, simulated, first = 0, False, None
+def check(run: Run, rows: List[Tuple[int, List[int], Sampled]], tokenizer: Any) -> None:
+    """``rows``: (row index, loss prompt ids, the matched vLLM completion), at the run's step."""
+    mismatched, simulated = 0, False
+    first: Optional[Tuple[int, List[int], List[int]]] = None
     for index, loss_prompt, sampled in rows:
         engine_prompt, was_simulated = _engine_prompt(sampled, tokenizer)
         if engine_prompt is None:
@@ -61,13 +64,13 @@ def check(rows: List[Tuple[int, list, Any]], tokenizer: Any) -> None:
             simulated = simulated or was_simulated
             if first is None:
                 first = (index, engine_prompt, loss_prompt)
-    LEDGER.add("prompt_mismatch_rows", mismatched)
+    run.add("prompt_mismatch_rows", mismatched)
     if first is None:
         return
     index, engine_prompt, loss_prompt = first
     at = _first_difference(engine_prompt, loss_prompt)
     cause, fix = likely_cause(engine_prompt, loss_prompt, tokenizer)
-    LEDGER.fire(
+    run.fire(
         Alarm(
             "P",
             f"{mismatched} of {len(rows)} rows' prompt ids differ; row {index}: vLLM {len(engine_prompt)} ids "
@@ -82,5 +85,6 @@ def check(rows: List[Tuple[int, list, Any]], tokenizer: Any) -> None:
                 "engine_len": len(engine_prompt),
                 "loss_len": len(loss_prompt),
             },
+            step=run.step,
         )
     )

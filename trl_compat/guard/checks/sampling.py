@@ -11,35 +11,37 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from trl_compat.guard._alarms import LEDGER, Alarm
+from trl_compat._engine.patch import APPLIED
+from trl_compat._engine.reporting import status
+from trl_compat.guard._ledger import LEDGER, Alarm
+from trl_compat.guard._records import Sampled
+from trl_compat.guard._run import Run
 
 TOLERANCE = 1e-6
-_checked_calls: set = set()
 
 
 def loss_temperature(trainer: Any, caller: Any) -> float:
     if "temperature" in caller.code:
         value = getattr(trainer, "temperature", None)
         return float(value) if isinstance(value, (int, float)) else 1.0
-    import trl_compat
-
-    if trl_compat.status("logps-temperature") == trl_compat.APPLIED:
+    if status("logps-temperature") == APPLIED:
         value = getattr(getattr(trainer, "args", None), "temperature", None)
         if isinstance(value, (int, float)) and value > 0:
             return float(value)
     return 1.0
 
 
-def check(trainer: Any, caller: Any, sampled: List[Any]) -> None:
-    calls: Dict[int, Any] = {}
+def check(run: Run, trainer: Any, caller: Any, sampled: List[Sampled]) -> None:
+    """S on the completions of generate calls the run has not checked yet, once per call."""
+    calls: Dict[int, Sampled] = {}
     for s in sampled:
-        if s.call not in _checked_calls:
+        if s.call not in run.seen_calls:
             calls.setdefault(s.call, s)
     if not calls:
         return
     assumed = loss_temperature(trainer, caller)
     for number, s in calls.items():
-        _checked_calls.add(number)
+        run.seen_calls.add(number)
         truncated = s.sampling.truncated()
         if truncated:
             LEDGER.warn_once(
@@ -51,7 +53,7 @@ def check(trainer: Any, caller: Any, sampled: List[Any]) -> None:
         if used is None or used < 1e-5 or abs(used - assumed) <= TOLERANCE:
             continue  # greedy decoding has no temperature to agree on
         opt_in = "temperature" not in caller.code
-        LEDGER.fire(
+        run.fire(
             Alarm(
                 "S",
                 f"vLLM sampled at temperature {used:g}, the loss computes log-probs at temperature {assumed:g}",
@@ -60,5 +62,6 @@ def check(trainer: Any, caller: Any, sampled: List[Any]) -> None:
                 else "a sampling override (generation_kwargs, a vLLM default) set a temperature the loss does not use",
                 fix="logps-temperature" if opt_in else None,
                 figures={"vllm_temperature": used, "loss_temperature": assumed},
+                step=run.step,
             )
         )

@@ -36,182 +36,33 @@ it here (a ``load_weights`` inside an engine call).
 
 from __future__ import annotations
 
-import logging
-import re
-import zlib
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 from trl_compat._engine import guarded
-from trl_compat._helpers.models import peel
-from trl_compat.guard import _trainers
-from trl_compat.guard._alarms import LEDGER, Alarm
+from trl_compat.guard._engines import EngineRecord, Finding, Sync, Watch, Weights
+from trl_compat.guard._ledger import LEDGER, Alarm
+from trl_compat.guard._mode import GUARD_ID, log
+from trl_compat.guard._run import Run, add, fire, global_step, run_of
+from trl_compat.guard.checks.watched import compare_sent, engine_built, expected, vllm_name
 
-log = logging.getLogger("trl_compat.guard")
-GUARD_ID = "offpolicy-guard"
-SAMPLE = 4096  # elements per watched matrix
-WATCHED = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
-MOVED = 0.01  # (i): the adapter moves at least this fraction of the sampled elements
-CORRUPT = 0.01  # (ii): more than this fraction off the merge
-ULPS = 4.0
-_PREFIXES = ("base_model.model.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.", "module.")
-_LAYER = re.compile(r"\.layers\.(\d+)\.")
-
-
-class Watch:
-    """One watched matrix: its sampled indices and snapshots (vLLM's dtype, 1-D, CPU)."""
-
-    def __init__(self, name: str, param: Any) -> None:
-        import torch
-
-        self.name = name
-        numel = param.numel()
-        generator = torch.Generator().manual_seed(zlib.crc32(name.encode()))  # the same on every rank
-        self.index = torch.randperm(numel, generator=generator)[:SAMPLE].sort().values if numel > SAMPLE else torch.arange(numel)
-        self.shape = tuple(param.shape)
-        self.dtype = param.dtype
-        self.checkpoint = self.engine_values(param)  # what the engine holds when built
-        self.verified: Optional[bool] = None  # None: not sent yet; False: vLLM stores it transformed
-        self.last: Optional[Any] = None  # the last sync's sent elements, in vLLM's dtype
-        self.previous: Optional[Any] = None
-        self.sent: Optional[Any] = None  # sent in the open sync, not yet loaded
-        self.trainer_last: Optional[Any] = None  # the trainer's expected elements at the last sync (or first generate)
-
-    def engine_values(self, param: Any) -> Any:
-        return param.detach().reshape(-1)[self.index.to(param.device)].to("cpu").clone()
-
-
-class Weights:
-    """W1/W2's state for one in-process engine."""
-
-    def __init__(self) -> None:
-        self.watches: Dict[str, Watch] = {}
-        self.params: Dict[str, Any] = {}  # watched name -> vLLM's parameter
-        self.open: Optional[dict] = None  # the sync being sent: step, count, names, findings
-        self.generated_at: Optional[int] = None  # the step of the last generate
-        self.synced_since_generate = False
-
-
-def _layer_number(name: str) -> int:
-    found = _LAYER.search("." + name)
-    return int(found.group(1)) if found else -1
-
-
-def engine_built(engine: Any) -> None:
-    """Choose the watched matrices of a new engine and snapshot them (its checkpoint)."""
-    model = getattr(engine, "model", None)
-    engine.weights = Weights()
-    if model is None or not hasattr(model, "named_parameters"):
-        LEDGER.warn_once("W-no-model", "checks W1/W2 unavailable: vLLM's model is not in this process")
-        return
-    candidates: Dict[str, List[Tuple[str, Any]]] = {}
-    for name, param in model.named_parameters():
-        if param.dim() == 2 and name.endswith(WATCHED) and _layer_number(name) >= 0:
-            candidates.setdefault(name.split(".layers.")[-1].split(".", 1)[1], []).append((name, param))
-    for group in candidates.values():
-        group.sort(key=lambda item: _layer_number(item[0]))
-        for name, param in {group[0][0]: group[0][1], group[-1][0]: group[-1][1]}.items():
-            engine.weights.watches[name] = Watch(name, param)
-            engine.weights.params[name] = param
-    if not engine.weights.watches:
-        LEDGER.warn_once("W-none", "checks W1/W2 unavailable: vLLM's model has no o_proj/down_proj matrix to watch")
-
-
-def vllm_name(sent: str) -> str:
-    """A sent name as vLLM names it: PEFT's and the wrappers' prefixes, and ``.base_layer``, dropped."""
-    changed = True
-    while changed:
-        changed = False
-        for prefix in _PREFIXES:
-            if sent.startswith(prefix):
-                sent, changed = sent[len(prefix) :], True
-    return sent.replace(".base_layer.", ".")
-
-
-# -- the trainer's side --------------------------------------------------------------------------------
-
-
-def _trainer(engine: Any) -> Any:
-    """The trainer syncing into ``engine``: the one that generated with it last (the core keeps it),
-    else the one on the stack."""
-    ref = getattr(engine, "trainer", None)
-    trainer = ref() if ref is not None else None
-    return trainer if trainer is not None else _trainers.calling_trainer()
-
-
-def _module_of(trainer: Any, name: str) -> Any:
-    model = getattr(trainer, "model", None)
-    if model is None:
-        return None
-    base = peel(model)
-    try:
-        return base.get_submodule(name.rsplit(".", 1)[0])
-    except (AttributeError, TypeError):
-        return None
-
-
-def expected(trainer: Any, watch: Watch) -> Optional[dict]:
-    """The trainer's value of a watched matrix at its sampled elements, float64: ``{"value"}`` for a
-    plain parameter, plus ``"base"`` and ``"bound"`` (a rounding bound) under LoRA; ``"local"``:
-    only this rank's shard (a DTensor), good for telling a change, not for comparing. None: unknown."""
-    import torch
-
-    module = _module_of(trainer, watch.name)
-    if module is None:
-        return None
-    lora_a, lora_b = getattr(module, "lora_A", None), getattr(module, "lora_B", None)
-    base_layer = getattr(module, "base_layer", None)
-    weight = getattr(base_layer if base_layer is not None else module, "weight", None)
-    if weight is None:
-        return None
-    if type(weight).__name__ == "DTensor" or type(getattr(weight, "data", None)).__name__ == "DTensor":
-        local = weight.to_local().detach().reshape(-1)
-        if local.numel() == 0:
-            return None
-        return {"value": local[watch.index.to(local.device) % local.numel()].to("cpu", torch.float64), "local": True}
-    if tuple(weight.shape) != watch.shape:
-        return None  # gathered elsewhere (ZeRO-3), or not the same matrix
-    with torch.no_grad():
-        index = watch.index.to(weight.device)
-        value = weight.detach().reshape(-1)[index].to("cpu", torch.float64)
-        if lora_a is None or lora_b is None or base_layer is None:
-            return {"value": value, "local": False}
-        if getattr(module, "fan_in_fan_out", False) or getattr(module, "disable_adapters", False):
-            return None
-        active = getattr(module, "active_adapters", None) or []
-        active = [active] if isinstance(active, str) else list(active)
-        rows, cols = (watch.index // watch.shape[1]), (watch.index % watch.shape[1])
-        delta = torch.zeros(len(watch.index), dtype=torch.float64)
-        bound = torch.zeros(len(watch.index), dtype=torch.float64)
-        for adapter in active:
-            if adapter not in lora_a or adapter not in lora_b:
-                continue
-            a = lora_a[adapter].weight.detach().to("cpu", torch.float64)  # r x in
-            b = lora_b[adapter].weight.detach().to("cpu", torch.float64)  # out x r
-            scaling = float(module.scaling[adapter])
-            terms = b[rows] * a[:, cols].T * scaling
-            delta += terms.sum(dim=1)
-            bound += terms.abs().sum(dim=1)
-        merged_in_place = bool(getattr(module, "merged", False))
-        base = value - delta if merged_in_place else value
-        merged = value if merged_in_place else value + delta
-        return {"value": merged, "base": base, "bound": bound + base.abs(), "local": False, "merged_in_place": merged_in_place}
+__all__ = ["Watch", "after_sync", "audit_sync", "before_generate", "engine_built", "vllm_name"]
 
 
 # -- W1: the sync ------------------------------------------------------------------------------------------
 
 
-def audit_sync(engine: Any, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
-    """Called with ``load_weights``' arguments before vLLM sees them; returns them, the iterable
-    wrapped so that each (name, tensor) is recorded as vLLM takes it."""
-    state: Optional[Weights] = getattr(engine, "weights", None)
+def audit_sync(engine: EngineRecord, trainer: Any, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
+    """Called with ``load_weights``' arguments before vLLM sees them (``trainer``: the one syncing,
+    None if unknown); returns them, the iterable wrapped so that each (name, tensor) is recorded as
+    vLLM takes it."""
+    state = engine.weights
     if state is None:
         return args, kwargs
-    trainer = _trainer(engine)
-    step = _trainers.global_step(trainer)
-    if state.open is not None and state.open["step"] != step:
-        _close(engine, state)
+    step = global_step(trainer)
+    if state.open is not None and state.open.step != step:
+        _close(state)
     if state.open is None:
-        state.open = {"step": step, "count": 0, "names": set(), "trainer": trainer, "findings": []}
+        state.open = Sync(step, trainer)
     sync = state.open
     if "weights" in kwargs:
         kwargs = dict(kwargs, weights=_recording(engine, state, sync, kwargs["weights"]))
@@ -220,7 +71,7 @@ def audit_sync(engine: Any, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
     return args, kwargs
 
 
-def _recording(engine: Any, state: Weights, sync: dict, weights: Any) -> Any:
+def _recording(engine: EngineRecord, state: Weights, sync: Sync, weights: Any) -> Any:
     for item in weights:
         # the item goes on unchanged whatever happens here (errors re-raised only under TRL_COMPAT_STRICT)
         with guarded(GUARD_ID, "recording a sent tensor", fallback="this tensor is not audited", logger=log):
@@ -229,61 +80,33 @@ def _recording(engine: Any, state: Weights, sync: dict, weights: Any) -> Any:
         yield item
 
 
-def _record_one(state: Weights, sync: dict, name: str, tensor: Any) -> None:
+def _record_one(state: Weights, sync: Sync, name: str, tensor: Any) -> None:
     import torch
 
-    sync["count"] += 1
+    sync.count += 1
     key = vllm_name(str(name))
-    sync["names"].add(key)
+    sync.names.add(key)
     watch = state.watches.get(key)
     if watch is None or not hasattr(tensor, "reshape") or tuple(tensor.shape) != watch.shape:
         return
     with torch.no_grad():
         sent = tensor.detach().reshape(-1)[watch.index.to(tensor.device)].to("cpu")
     watch.sent = sent.to(watch.dtype)
-    trainer = sync["trainer"]
-    wanted = expected(trainer, watch) if trainer is not None else None
+    wanted = expected(sync.trainer, watch) if sync.trainer is not None else None
     if wanted is None:
         return
-    watch.trainer_last = wanted["value"]
-    if wanted["local"]:
+    watch.trainer_last = wanted.value
+    if wanted.local:
         return  # a shard (FSDP2): it tells a change, not the whole tensor's values
-    finding = _compare_sent(watch, sent.to(torch.float64), sent.dtype, wanted)
+    finding = compare_sent(watch, sent.to(torch.float64), sent.dtype, wanted)
     if finding is not None:
-        sync["findings"].append(finding)
+        sync.findings.append(finding)
 
 
-def _ulp(dtype: Any) -> float:
-    import torch
-
-    return float(torch.finfo(dtype).eps) if dtype.is_floating_point else 0.0
-
-
-def _compare_sent(watch: Watch, sent: Any, dtype: Any, wanted: dict) -> Optional[dict]:
-    value = wanted["value"]
-    if "base" not in wanted:  # a plain parameter: exactly what the trainer holds, in the sent dtype
-        differ = sent != value.to(dtype).to(sent.dtype)
-        if not bool(differ.any()):
-            return None
-        return {"name": watch.name, "kind": "differs", "frac": float(differ.double().mean()), "max": float((sent - value).abs().max())}
-    base, bound = wanted["base"], wanted["bound"]
-    moved = value.to(dtype) != base.to(dtype)
-    if (
-        not wanted.get("merged_in_place")
-        and bool((sent == base.to(dtype).to(sent.dtype)).all())
-        and float(moved.double().mean()) >= MOVED
-    ):
-        return {"name": watch.name, "kind": "unmerged", "frac": float(moved.double().mean()), "max": float((sent - value).abs().max())}
-    off = (sent - value).abs() > ULPS * _ulp(dtype) * bound + 1e-30
-    if float(off.double().mean()) > CORRUPT:
-        return {"name": watch.name, "kind": "corrupted", "frac": float(off.double().mean()), "max": float((sent - value).abs().max())}
-    return None
-
-
-def after_sync(engine: Any) -> None:
+def after_sync(engine: EngineRecord) -> None:
     """After vLLM loaded one ``load_weights`` call: the sent elements become the last sync's, and
     each matrix sent for the first time is calibrated (vLLM holds exactly what was sent)."""
-    state: Optional[Weights] = getattr(engine, "weights", None)
+    state = engine.weights
     if state is None or state.open is None:
         return
     state.synced_since_generate = True
@@ -296,67 +119,68 @@ def after_sync(engine: Any) -> None:
             if not watch.verified:
                 LEDGER.warn_once(f"W2-excluded:{name}", f"W2 does not verify {name}: vLLM stores it transformed (not what was sent)")
         watch.previous, watch.last, watch.sent = watch.last, watch.sent, None
-        state.open["names_loaded"] = True
 
 
-def _close(engine: Any, state: Weights) -> None:
-    """Judge the sync just sent (W1), at the next ``generate`` or at a sync of a later step."""
+def _close(state: Weights) -> None:
+    """Judge the sync just sent (W1), at the next ``generate`` or at a sync of a later step; its
+    alarms are dated to the sync's step."""
     sync, state.open = state.open, None
     if sync is None:
         return
-    trainer = sync["trainer"]
-    if sync["count"] == 0 and trainer is not None and _trainer_moved(state, trainer):
-        LEDGER.fire(
+    trainer = sync.trainer
+    run = run_of(trainer) if trainer is not None else None
+    if sync.count == 0 and trainer is not None and _trainer_moved(state, trainer):
+        fire(
+            run,
             Alarm(
                 "W1",
-                f"the weight sync of step {sync['step']} sent no tensor to vLLM although the trainer's weights changed",
+                f"the weight sync of step {sync.step} sent no tensor to vLLM although the trainer's weights changed",
                 "a weight sync that sends nothing (TRL 0.18/0.19 under FSDP2, PR #3687)",
                 fix="fsdp2-vllm-sync",
-                figures={"sync_step": sync["step"], "sent": 0},
-            )
+                figures={"sync_step": sync.step, "sent": 0},
+                step=sync.step,
+            ),
         )
-    LEDGER.add("weights_sent", sync["count"])
-    if sync["count"] and trainer is not None:
-        missing = [
-            n for n, w in state.watches.items() if n not in sync["names"] and w.trainer_last is not None and _changed(trainer, w)
-        ]
+    add(run, "weights_sent", sync.count)
+    if sync.count and trainer is not None:
+        missing = [n for n, w in state.watches.items() if n not in sync.names and w.trainer_last is not None and _changed(trainer, w)]
         if missing:
-            LEDGER.fire(
+            fire(
+                run,
                 Alarm(
                     "W1",
-                    f"the weight sync of step {sync['step']} sent {sync['count']} tensors but not {', '.join(missing)}, "
+                    f"the weight sync of step {sync.step} sent {sync.count} tensors but not {', '.join(missing)}, "
                     "which the trainer changed since the last sync",
                     "a partial weight sync (names vLLM does not get, or parameters skipped)",
-                    figures={"sync_step": sync["step"], "sent": sync["count"], "missing": missing},
-                )
+                    figures={"sync_step": sync.step, "sent": sync.count, "missing": missing},
+                    step=sync.step,
+                ),
             )
-    for finding in sync["findings"]:
-        _fire_content(sync, finding)
+    for finding in sync.findings:
+        _fire_content(run, sync, finding)
 
 
-def _fire_content(sync: dict, finding: dict) -> None:
-    name, frac, kind = finding["name"], finding["frac"], finding["kind"]
-    figures = {"sync_step": sync["step"], "tensor": name, "kind": kind, "frac": round(frac, 4), "max_abs_diff": finding["max"]}
+def _fire_content(run: Optional[Run], sync: Sync, finding: Finding) -> None:
+    name, frac, kind = finding.name, finding.frac, finding.kind
+    figures = {"sync_step": sync.step, "tensor": name, "kind": kind, "frac": round(frac, 4), "max_abs_diff": finding.max}
     if kind == "unmerged":
         what = (
-            f"the weight sync of step {sync['step']} sent {name} equal to the LoRA base weight on every sampled element, "
+            f"the weight sync of step {sync.step} sent {name} equal to the LoRA base weight on every sampled element, "
             f"although the adapter (s*B@A) moves {frac:.1%} of them: vLLM gets the un-merged base model"
         )
         cause, fix = "the adapter was unmerged before vLLM loaded the merged state dict (TRL 0.15.0, #2856)", "vllm-merged-weights"
     elif kind == "corrupted":
-        what = f"the weight sync of step {sync['step']} sent {name} off the merged LoRA weight on {frac:.1%} of sampled elements"
+        what = f"the weight sync of step {sync.step} sent {name} off the merged LoRA weight on {frac:.1%} of sampled elements"
         cause, fix = "a wrong merge of the adapter into the sent weights", None
     else:
-        what = (
-            f"the weight sync of step {sync['step']} sent {name} differing from the trainer's weight on {frac:.1%} of sampled elements"
-        )
+        what = f"the weight sync of step {sync.step} sent {name} differing from the trainer's weight on {frac:.1%} of sampled elements"
         cause, fix = "a stale or wrong copy of the weights was sent", None
-    LEDGER.fire(Alarm("W1", what, cause, fix=fix, figures=figures))
+    fire(run, Alarm("W1", what, cause, fix=fix, figures=figures, step=sync.step))
 
 
 def _changed(trainer: Any, watch: Watch) -> bool:
     now = expected(trainer, watch)
-    return now is not None and watch.trainer_last is not None and not bool(now["value"].equal(watch.trainer_last))
+    return now is not None and watch.trainer_last is not None and not bool(now.value.equal(watch.trainer_last))
 
 
 def _trainer_moved(state: Weights, trainer: Any) -> bool:
@@ -366,31 +190,33 @@ def _trainer_moved(state: Weights, trainer: Any) -> bool:
 # -- W2: the engine at generate -----------------------------------------------------------------------------
 
 
-def before_generate(engine: Any) -> None:
-    """W1 on the sync just made (or on the missing one), then W2: vLLM's watched elements vs the last sync."""
-    state: Optional[Weights] = getattr(engine, "weights", None)
+def before_generate(engine: EngineRecord, trainer: Any) -> None:
+    """W1 on the sync just made (or on the missing one), then W2: vLLM's watched elements vs the
+    last sync. ``trainer``: the one generating with the engine (None: unknown)."""
+    state = engine.weights
     if state is None or not state.watches:
         return
-    trainer = _trainer(engine)
-    step = _trainers.global_step(trainer)
+    step = global_step(trainer)
+    run = run_of(trainer) if trainer is not None else None
     if state.open is not None:
-        _close(engine, state)
+        _close(state)
     elif trainer is not None and state.generated_at is not None and step > state.generated_at and not state.synced_since_generate:
-        _no_sync(state, trainer, step)
+        _no_sync(state, run, trainer, step)
     if trainer is not None:
         for watch in state.watches.values():
             if watch.trainer_last is None:  # the trainer's starting point, for telling that it moved
                 now = expected(trainer, watch)
-                watch.trainer_last = now["value"] if now is not None else None
+                watch.trainer_last = now.value if now is not None else None
     state.generated_at, state.synced_since_generate = step, False
-    _check_engine(state)
+    _check_engine(state, run, step)
 
 
-def _no_sync(state: Weights, trainer: Any, step: int) -> None:
+def _no_sync(state: Weights, run: Optional[Run], trainer: Any, step: int) -> None:
     moved = [n for n, w in state.watches.items() if _changed(trainer, w)]
     if not moved:
         return
-    LEDGER.fire(
+    fire(
+        run,
         Alarm(
             "W1",
             f"vLLM generates at step {step} but no weight was sent to it since step {state.generated_at}, "
@@ -398,14 +224,15 @@ def _no_sync(state: Weights, trainer: Any, step: int) -> None:
             "the weight sync sends nothing (TRL 0.18/0.19 under FSDP2 skip every non-FSDP1 module, PR #3687)",
             fix="fsdp2-vllm-sync",
             figures={"since_step": state.generated_at, "sent": 0, "moved": moved},
-        )
+            step=step,
+        ),
     )
     for name in moved:  # alarm once per change
         now = expected(trainer, state.watches[name])
-        state.watches[name].trainer_last = now["value"] if now is not None else None
+        state.watches[name].trainer_last = now.value if now is not None else None
 
 
-def _check_engine(state: Weights) -> None:
+def _check_engine(state: Weights, run: Optional[Run], step: int) -> None:
     verifiable = [w for w in state.watches.values() if w.verified is not False]
     if not verifiable:
         LEDGER.warn_once("W2-unavailable", "W2 unavailable: vLLM stores every watched matrix transformed")
@@ -419,7 +246,7 @@ def _check_engine(state: Weights) -> None:
             frac = float(differ.double().mean())
             if worst is None or frac > worst[0]:
                 worst = (frac, watch, held, reference)
-    LEDGER.add("weights_mismatch_frac", worst[0] if worst else 0.0)
+    add(run, "weights_mismatch_frac", worst[0] if worst else 0.0)
     if worst is None:
         return
     frac, watch, held, reference = worst
@@ -438,7 +265,8 @@ def _check_engine(state: Weights) -> None:
             None,
         )
     max_diff = float((held.double() - reference.double()).abs().max())
-    LEDGER.fire(
+    fire(
+        run,
         Alarm(
             "W2",
             f"{kind}: {watch.name} differs from the last weight sync on {frac:.1%} of {len(watch.index)} sampled elements "
@@ -446,5 +274,6 @@ def _check_engine(state: Weights) -> None:
             cause,
             fix=fix,
             figures={"tensor": watch.name, "frac": round(frac, 4), "max_abs_diff": max_diff, "kind": kind.split(" (")[0]},
-        )
+            step=step,
+        ),
     )

@@ -11,46 +11,22 @@ from __future__ import annotations
 
 import functools
 import inspect
-import itertools
-import logging
-import threading
-import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from trl_compat._engine import guarded
-from trl_compat.guard import _instances, _trainers
-from trl_compat.guard._alarms import LEDGER
-from trl_compat.guard._records import Sampled, Sampling, pending
+from trl_compat.guard._engines import EngineRecord
+from trl_compat.guard._ledger import LEDGER
+from trl_compat.guard._mode import GUARD_ID, log
+from trl_compat.guard._records import Sampled, Sampling
+from trl_compat.guard._run import Run
 from trl_compat.guard.checks import engine_calls, logprobs, weights
+from trl_compat.guard.checks.logprobs_gate import sampled_logprobs
+from trl_compat.guard.observe import instances, trainers
 
-log = logging.getLogger("trl_compat.guard")
-GUARD_ID = "offpolicy-guard"
 MODEL_PATHS = (
     ("llm_engine", "model_executor", "driver_worker", "model_runner", "model"),  # V0; V1 colocate (TRL's own path)
     ("llm_engine", "model_executor", "driver_worker", "worker", "model_runner", "model"),  # V1 in process (vLLM 0.9+)
 )
-_calls = itertools.count(1)
-_calls_lock = threading.Lock()
-
-
-class Engine:
-    """What the guard knows of one in-process vLLM engine (see checks.engine_calls for its states)."""
-
-    def __init__(self, llm: Any, prefix_caching: Optional[bool]) -> None:
-        self.llm = weakref.ref(llm) if llm is not None else None  # None: a server's engine, seen from its client
-        self.prefix_caching = prefix_caching
-        self.model = _engine_model(llm) if llm is not None else None
-        self.state = "checkpoint"  # checkpoint | synced | disk | discarded | lost
-        self.asleep: Optional[int] = None  # the sleep level while asleep
-        self.synced_while_asleep = False
-        self.prefix_dirty = False
-        self.generates = 0
-        self.syncs = 0  # load_weights calls of the trainer's weight syncs
-        self.inside: list = []  # the engine calls in progress (a load_weights inside one is vLLM's own)
-        self.own_loads = 0  # load_weights calls vLLM made itself (reload_weights reads the checkpoint through it)
-        self.trainer: Optional["weakref.ref[Any]"] = None  # the trainer that syncs into this engine
-        self.last_sync_step = -1
-        self.logprobs_mode = _logprobs_mode(llm) if llm is not None else None
 
 
 def _engine_model(llm: Any) -> Any:
@@ -71,7 +47,7 @@ def _logprobs_mode(llm: Any) -> Optional[str]:
     return str(getattr(mode, "value", mode)) if mode is not None else None
 
 
-def _prefix_caching(llm: Any, arguments: dict) -> Optional[bool]:
+def _prefix_caching(llm: Any, arguments: Dict[str, Any]) -> Optional[bool]:
     if "enable_prefix_caching" in arguments.get("kwargs", {}):
         return bool(arguments["kwargs"]["enable_prefix_caching"])
     engine = getattr(llm, "llm_engine", None)
@@ -103,7 +79,7 @@ def _init_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     return __init__
 
 
-def _bind(signature: Optional[inspect.Signature], args: tuple, kwargs: dict) -> dict:
+def _bind(signature: Optional[inspect.Signature], args: tuple, kwargs: Dict[str, Any]) -> Dict[str, Any]:
     if signature is None:
         return {}
     try:
@@ -112,27 +88,27 @@ def _bind(signature: Optional[inspect.Signature], args: tuple, kwargs: dict) -> 
         return {}
 
 
-def instrument(llm: Any, prefix_caching: Optional[bool]) -> Optional[Engine]:
+def instrument(llm: Any, prefix_caching: Optional[bool]) -> Optional[EngineRecord]:
     """Hook one engine (once; a subclass's ``__init__`` calling its base's reaches here twice)."""
-    if _instances.instrumented(llm):
+    if instances.instrumented(llm):
         return None
-    engine = Engine(llm, prefix_caching)
+    engine = EngineRecord(llm, prefix_caching, model=_engine_model(llm), logprobs_mode=_logprobs_mode(llm))
     for name in ("generate", "chat"):
-        _instances.wrap_method(llm, name, functools.partial(_generate_hook, engine, name))
+        instances.wrap_method(llm, name, functools.partial(_generate_hook, engine, name))
     for name, event in (
         ("reset_prefix_cache", engine_calls.reset_prefix_cache),
         ("sleep", engine_calls.sleep),
         ("wake_up", engine_calls.wake_up),
         ("collective_rpc", engine_calls.collective_rpc),
     ):
-        _instances.wrap_method(llm, name, functools.partial(_event_hook, engine, name, event))
+        instances.wrap_method(llm, name, functools.partial(event_hook, engine, name, event))
     if engine.model is not None:
-        _instances.wrap_method(engine.model, "load_weights", functools.partial(_sync_hook, engine))
+        instances.wrap_method(engine.model, "load_weights", functools.partial(_sync_hook, engine))
     weights.engine_built(engine)
     return engine
 
 
-def _event_hook(engine: Engine, name: str, event: Callable[..., None], call: Callable[..., Any]) -> Callable[..., Any]:
+def event_hook(engine: EngineRecord, name: str, event: Callable[..., None], call: Callable[..., Any]) -> Callable[..., Any]:
     def hook(*args: Any, **kwargs: Any) -> Any:
         loads = engine.own_loads
         engine.inside.append(name)
@@ -148,91 +124,92 @@ def _event_hook(engine: Engine, name: str, event: Callable[..., None], call: Cal
     return hook
 
 
-def _sync_hook(engine: Engine, call: Callable[..., Any]) -> Callable[..., Any]:
+def _sync_hook(engine: EngineRecord, call: Callable[..., Any]) -> Callable[..., Any]:
     def load_weights(*args: Any, **kwargs: Any) -> Any:
         if engine.inside:  # vLLM loading its own checkpoint (reload_weights), not a sync of the trainer's
             engine.own_loads += 1
             return call(*args, **kwargs)
+        trainer = None
         with guarded(GUARD_ID, "recording a weight sync", fallback="the sync is not audited", logger=log):
-            args, kwargs = weights.audit_sync(engine, args, kwargs)
+            trainer = trainers.syncing(engine)
+            args, kwargs = weights.audit_sync(engine, trainer, args, kwargs)
         result = call(*args, **kwargs)
         with guarded(GUARD_ID, "recording a weight sync", fallback="the sync is not checked", logger=log):
-            engine_calls.synced(engine, _trainers.sync_step(engine))
+            engine_calls.synced(engine, trainers.step_of(trainer))
             weights.after_sync(engine)
         return result
 
     return load_weights
 
 
-def _generate_hook(engine: Engine, name: str, call: Callable[..., Any]) -> Callable[..., Any]:
+def _generate_hook(engine: EngineRecord, name: str, call: Callable[..., Any]) -> Callable[..., Any]:
     def generate(*args: Any, **kwargs: Any) -> Any:
-        trainer, restore = None, None
+        run: Optional[Run] = None
+        restore: Optional[Callable[[], None]] = None
         with guarded(GUARD_ID, "checking vLLM before generate", fallback="this generation is not checked", logger=log):
-            trainer = _trainers.calling_trainer()
-            if trainer is not None:
-                _trainers.adopt(trainer)
-                engine.trainer = weakref.ref(trainer)
-                LEDGER.step = _trainers.global_step(trainer)
-            engine_calls.before_generate(engine)
-            weights.before_generate(engine)
-            restore = logprobs.ask_for_logprobs(args, kwargs)
+            run = trainers.generating(engine)
+            if run is not None:
+                logprobs.flush(run)  # the batches of the generation before are complete
+            engine_calls.before_generate(engine, run)
+            weights.before_generate(engine, engine.driver())
+            if run is not None:
+                restore = ask_for_logprobs(args, kwargs)
         try:
             outputs = call(*args, **kwargs)
         finally:
             if restore is not None:
                 restore()
         with guarded(GUARD_ID, "recording vLLM's outputs", fallback="this generation is not checked", logger=log):
-            if trainer is not None:  # generations of the user's own (eval scripts, ...) are not the loss's
-                record_outputs(engine, trainer, outputs, args, kwargs)
+            if run is not None:  # generations of the user's own (eval scripts, ...) are not the loss's
+                record_outputs(engine, run, outputs, args, kwargs)
         return outputs
 
     return generate
 
 
-def sampling_of(params: Any) -> Sampling:
-    """The loss-relevant part of a ``SamplingParams`` (or of a dict of its fields)."""
-    get = params.get if isinstance(params, dict) else lambda name, default=None: getattr(params, name, default)
-    penalties = tuple(
-        f"{name}={get(name)}"
-        for name, neutral in (("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0))
-        if get(name) not in (None, neutral)
-    )
-    guided = any(get(name) is not None for name in ("guided_decoding", "structured_outputs", "guided_decoding_regex")) or bool(
-        get("logits_processors")
-    )
-    temperature = get("temperature")
-    return Sampling(
-        temperature=float(temperature) if temperature is not None else None,
-        top_k=get("top_k"),
-        top_p=get("top_p"),
-        min_p=get("min_p"),
-        penalties=penalties,
-        guided=guided,
-        logprobs=get("logprobs") is not None,
-    )
+def ask_for_logprobs(args: tuple, kwargs: dict) -> Optional[Callable[[], None]]:
+    """Where a GRPO trainer's generate call did not ask vLLM for log-probs (TRL 0.14 - 0.22), ask
+    (``logprobs=0``: no RNG is used for it, sampling is unchanged); returns how to undo it."""
+    params = kwargs.get("sampling_params", args[1] if len(args) > 1 else None)
+    objects = list(params) if isinstance(params, (list, tuple)) else [params]
+    changed: List[Any] = []
+    for obj in objects:
+        if obj is None or isinstance(obj, dict) or not hasattr(obj, "logprobs") or obj.logprobs is not None:
+            continue
+        if any(o is obj for o in changed):
+            continue
+        obj.logprobs = 0
+        changed.append(obj)
+    if not changed:
+        return None
+
+    def restore() -> None:
+        for obj in changed:
+            obj.logprobs = None
+
+    return restore
 
 
-def _params_per_request(args: tuple, kwargs: dict, count: int) -> list:
+def _params_per_request(args: tuple, kwargs: dict, count: int) -> List[Any]:
     params = kwargs.get("sampling_params", args[1] if len(args) > 1 else None)
     if isinstance(params, (list, tuple)):
         return list(params)
     return [params] * count
 
 
-def next_call() -> int:
-    with _calls_lock:
-        number = next(_calls)
-    LEDGER.generations += 1
-    return number
+def new_call(run: Run) -> int:
+    """Count one generate call of ``run``; returns its number in this process."""
+    run.generations += 1
+    return LEDGER.new_generation()
 
 
-def record_outputs(engine: Optional[Engine], trainer: Any, outputs: Any, args: tuple, kwargs: dict) -> None:
+def record_outputs(engine: Optional[EngineRecord], run: Run, outputs: Any, args: tuple, kwargs: Dict[str, Any]) -> None:
     """Keep each completion of a generate call for matching with the loss's rows."""
     if not isinstance(outputs, (list, tuple)):
         return
-    number, step, store = next_call(), LEDGER.step, pending(trainer)
+    number, step, store = new_call(run), run.step, run.pending
     for output, params in zip(outputs, _params_per_request(args, kwargs, len(outputs))):
-        sampling = sampling_of(params) if params is not None else Sampling(temperature=1.0)
+        sampling = Sampling.of(params) if params is not None else Sampling(temperature=1.0)
         prompt_ids = getattr(output, "prompt_token_ids", None)
         for completion in getattr(output, "outputs", ()) or ():
             ids = tuple(int(t) for t in completion.token_ids)
@@ -243,7 +220,7 @@ def record_outputs(engine: Optional[Engine], trainer: Any, outputs: Any, args: t
                     prompt_ids=tuple(int(t) for t in prompt_ids) if prompt_ids is not None else None,
                     prompt_text=None,
                     completion_ids=ids,
-                    logprobs=logprobs.sampled_logprobs(ids, getattr(completion, "logprobs", None)),
+                    logprobs=sampled_logprobs(ids, getattr(completion, "logprobs", None)),
                     sampling=sampling,
                     engine=engine,
                 )

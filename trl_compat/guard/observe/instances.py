@@ -14,7 +14,7 @@ import threading
 import weakref
 from typing import Any, Callable, Dict, List
 
-from trl_compat.guard import _control
+from trl_compat.guard._mode import active
 
 _lock = threading.Lock()
 _set: "weakref.WeakKeyDictionary[Any, List[str]]" = weakref.WeakKeyDictionary()
@@ -44,7 +44,7 @@ def wrap_method(obj: Any, name: str, make: Callable[[Callable[..., Any]], Callab
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # switched off (disable(), or paused): straight through, the wrapper stays until undone
-        return hooked(*args, **kwargs) if _control.active() else call(*args, **kwargs)
+        return hooked(*args, **kwargs) if active() else call(*args, **kwargs)
 
     try:
         setattr(wrapper, MARK, True)

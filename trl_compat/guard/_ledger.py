@@ -1,8 +1,9 @@
-"""What the guard says when a check fires, and what it counts.
+"""What the guard says when a check fires, and what this process counts (floor 1).
 
 An alarm is logged once per check and optimizer step at ERROR on ``trl_compat.guard``, naming the
 check, its figures, the step and rank, the likely cause and, where one exists, the patch that
-fixes it. It is also counted for the ``offpolicy/*`` metrics (:mod:`._callback`). In strict mode
+fixes it, and at the step it carries (the step its check judged, given by the check). The run's
+``offpolicy/*`` figures count it too (:mod:`._run`). In strict mode
 the callback raises :class:`OffPolicyError` on every rank at the end of the optimizer step in which
 any rank alarmed (one ``all_reduce`` of one number), so that no rank is left waiting in a
 collective for a rank that raised.
@@ -10,14 +11,13 @@ collective for a rank that raised.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Set, Tuple
 
-log = logging.getLogger("trl_compat.guard")
+from trl_compat.guard._mode import log, observing_now
 
 CHECKS = {
     "P": "prompt ids vLLM generated from == the loss's prompt ids",
@@ -40,7 +40,7 @@ class Alarm:
     cause: str  # the likely cause
     fix: Optional[str] = None  # the trl_compat patch id that fixes it, where one does
     figures: Dict[str, object] = field(default_factory=dict)
-    step: int = 0
+    step: int = 0  # the optimizer step it belongs to: set by the check that fires it
     rank: int = 0
     observed: bool = False  # fired inside guard.observing() (a bug reproduced on purpose): never raised
 
@@ -60,31 +60,27 @@ def rank() -> int:
 
 
 class Ledger:
-    """The guard's counts in this process: alarms (all, and those not yet raised or logged as
-    metrics), the steps guarded, and per-step figures for the metrics."""
+    """The guard's counts in this process: alarms (all, and those not yet raised), the steps
+    guarded, the generate calls and rows checked. Per-run figures live in each run (:mod:`._run`)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.step = 0
         self.alarms: List[Alarm] = []
         self.unraised: List[Alarm] = []
-        self._logged: set = set()
-        self._warned: set = set()
-        self.figures: Dict[str, List[float]] = {}  # metric name -> values since the last log
+        self._logged: Set[Tuple[str, int]] = set()
+        self._warned: Set[str] = set()
         self.steps_guarded = 0  # optimizer steps that ended with at least one guarded generation behind them
         self.generations = 0  # vLLM generate calls seen
         self.rows_checked = 0  # completions matched to a loss row and compared
 
     def fire(self, alarm: Alarm) -> None:
-        from trl_compat.guard import _control
-
-        alarm.step, alarm.rank = self.step, rank()
-        alarm.observed = _control.observing_now()
+        """Log (once per check and step) and count ``alarm``, at the step it carries."""
+        alarm.rank = rank()
+        alarm.observed = observing_now()
         with self.lock:
             self.alarms.append(alarm)
             if not alarm.observed:  # an alarm of an observing() block is never raised, not even after it
                 self.unraised.append(alarm)
-            self.add("alarm", 1.0)
             key = (alarm.check, alarm.step)
             if key in self._logged:
                 return
@@ -98,17 +94,15 @@ class Ledger:
             self._warned.add(key)
         log.warning("trl_compat: off-policy guard: %s", message)
 
-    def add(self, name: str, value: float) -> None:
-        self.figures.setdefault(name, []).append(float(value))
+    def new_generation(self) -> int:
+        """Count one guarded generate call; returns its number (1, 2, ...) in this process."""
+        with self.lock:
+            self.generations += 1
+            return self.generations
 
     def take_unraised(self) -> List[Alarm]:
         with self.lock:
             taken, self.unraised = self.unraised, []
-        return taken
-
-    def take_figures(self) -> Dict[str, List[float]]:
-        with self.lock:
-            taken, self.figures = self.figures, {}
         return taken
 
 

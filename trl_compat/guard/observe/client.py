@@ -6,7 +6,7 @@ re-done with the trainer's tokenizer), S (the sampling arguments sent) and C (a 
 ``update_named_param``, must be followed by ``reset_prefix_cache`` before the next ``generate``).
 W2 and the engine's own call order need the server's process: with trl_compat active there
 (``trl-compat run -- trl vllm-serve``, or ``TRL_COMPAT_AUTO=1``) and the guard on, the in-process
-hooks of :mod:`._vllm` run in the server and its alarms are logged by the server. The server has
+hooks of :mod:`.vllm` run in the server and its alarms are logged by the server. The server has
 no channel back into the trainer's metrics.
 """
 
@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from trl_compat._engine import guarded
-from trl_compat.guard import _instances, _trainers, _vllm
-from trl_compat.guard._alarms import LEDGER
-from trl_compat.guard._records import Sampled, pending
+from trl_compat.guard._engines import EngineRecord
+from trl_compat.guard._mode import GUARD_ID, log
+from trl_compat.guard._records import Sampled, Sampling
+from trl_compat.guard._run import Run
 from trl_compat.guard.checks import engine_calls
+from trl_compat.guard.observe import instances, trainers, vllm
 
-log = logging.getLogger("trl_compat.guard")
-GUARD_ID = "offpolicy-guard"
 SAMPLING_ARGUMENTS = (
     "temperature",
     "top_p",
@@ -51,17 +50,17 @@ def _init_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def instrument(client: Any) -> None:
-    if _instances.instrumented(client):
+    if instances.instrumented(client):
         return
-    engine = _vllm.Engine(None, prefix_caching=True)  # the server's cache: TRL resets it after every sync
+    engine = EngineRecord(None, prefix_caching=True)  # the server's cache: TRL resets it after every sync
     # chat: TRL 0.20+ sends conversational prompts as messages (the server applies the template)
     for name in ("generate", "chat"):
-        _instances.wrap_method(client, name, functools.partial(_generate_hook, engine, _signature(type(client), name)))
-    _instances.wrap_method(client, "update_named_param", functools.partial(_sync_hook, engine))
-    _instances.wrap_method(
+        instances.wrap_method(client, name, functools.partial(_generate_hook, engine, _signature(type(client), name)))
+    instances.wrap_method(client, "update_named_param", functools.partial(_sync_hook, engine))
+    instances.wrap_method(
         client,
         "reset_prefix_cache",
-        functools.partial(_vllm._event_hook, engine, "reset_prefix_cache", engine_calls.reset_prefix_cache),
+        functools.partial(vllm.event_hook, engine, "reset_prefix_cache", engine_calls.reset_prefix_cache),
     )
 
 
@@ -72,41 +71,38 @@ def _signature(cls: type, name: str) -> Optional[inspect.Signature]:
         return None
 
 
-def _sync_hook(engine: Any, call: Callable[..., Any]) -> Callable[..., Any]:
+def _sync_hook(engine: EngineRecord, call: Callable[..., Any]) -> Callable[..., Any]:
     def update_named_param(*args: Any, **kwargs: Any) -> Any:
         result = call(*args, **kwargs)
         with guarded(GUARD_ID, "recording a weight sync to the server", fallback="the sync is not checked", logger=log):
-            engine_calls.synced(engine, _trainers.sync_step(engine))
+            engine_calls.synced(engine, trainers.step_of(trainers.syncing(engine)))
         return result
 
     return update_named_param
 
 
-def _generate_hook(engine: Any, signature: Optional[inspect.Signature], call: Callable[..., Any]) -> Callable[..., Any]:
+def _generate_hook(engine: EngineRecord, signature: Optional[inspect.Signature], call: Callable[..., Any]) -> Callable[..., Any]:
     def generate(*args: Any, **kwargs: Any) -> Any:
-        trainer = None
+        run: Optional[Run] = None
         with guarded(GUARD_ID, "checking the server before generate", fallback="this generation is not checked", logger=log):
-            trainer = _trainers.calling_trainer()
-            if trainer is not None:
-                _trainers.adopt(trainer)
-                LEDGER.step = _trainers.global_step(trainer)
-            engine_calls.before_generate(engine)
+            run = trainers.generating(engine)
+            engine_calls.before_generate(engine, run)
         result = call(*args, **kwargs)
         with guarded(GUARD_ID, "recording the server's completions", fallback="this generation is not checked", logger=log):
-            if trainer is not None and signature is not None:
-                record(engine, trainer, dict(signature.bind_partial(None, *args, **kwargs).arguments), result)
+            if run is not None and signature is not None:
+                record(run, dict(signature.bind_partial(None, *args, **kwargs).arguments), result)
         return result
 
     return generate
 
 
-def _token_logprobs(values: Any, ids: tuple, token_ids: Any = None) -> Optional[tuple]:
+def _token_logprobs(values: Any, ids: Tuple[int, ...], token_ids: Any = None) -> Optional[Tuple[float, ...]]:
     """The sampled tokens' log-probs: one number per token (TRL 0.23 - 0.28), or per token a
     rank-sorted list with ``logprob_token_ids`` beside it (0.29+), where the sampled token's entry is
     the one with its id (the first only when nothing else was asked for)."""
     if not isinstance(values, list) or len(values) != len(ids):
         return None
-    out = []
+    out: List[float] = []
     for position, value in enumerate(values):
         if isinstance(value, list):
             ranked = token_ids[position] if isinstance(token_ids, list) and position < len(token_ids) else None
@@ -118,7 +114,8 @@ def _token_logprobs(values: Any, ids: tuple, token_ids: Any = None) -> Optional[
     return tuple(out)
 
 
-def record(engine: Any, trainer: Any, arguments: dict, result: Any) -> None:
+def record(run: Run, arguments: Dict[str, Any], result: Any) -> None:
+    """Keep each completion the server returned for matching with the loss's rows."""
     prompts = list(arguments.get("prompts") or arguments.get("messages") or [])
     n = int(arguments.get("n") or 1)
     if isinstance(result, dict):
@@ -130,9 +127,9 @@ def record(engine: Any, trainer: Any, arguments: dict, result: Any) -> None:
         return
     fields = {name: arguments[name] for name in SAMPLING_ARGUMENTS if name in arguments}
     fields.update(arguments.get("generation_kwargs") or {})  # TRL 0.19+: they override on the server
-    sampling = _vllm.sampling_of(fields)
+    sampling = Sampling.of(fields)
     truncate = arguments.get("truncate_prompt_tokens")
-    number, step, store = _vllm.next_call(), LEDGER.step, pending(trainer)
+    number, step, store = vllm.new_call(run), run.step, run.pending
     for index, ids in enumerate(completions):
         prompt = prompts[index // n]
         # a prompt sent as ids (TRL 1.0+) is what vLLM got; a conversation (chat) is known only by the ids returned
@@ -145,7 +142,7 @@ def record(engine: Any, trainer: Any, arguments: dict, result: Any) -> None:
                 prompt_ids=tuple(known) if known is not None else None,
                 prompt_text=prompt if known is None and isinstance(prompt, str) else None,
                 completion_ids=tuple(int(t) for t in ids),
-                logprobs=_token_logprobs(logprobs[index], ids, token_ids[index] if isinstance(token_ids, list) else None)
+                logprobs=_token_logprobs(logprobs[index], tuple(ids), token_ids[index] if isinstance(token_ids, list) else None)
                 if isinstance(logprobs, list) and index < len(logprobs)
                 else None,
                 sampling=sampling,

@@ -1,4 +1,4 @@
-"""trl_compat._engine.guarded: the one run-time guard of a wrapper's own bookkeeping."""
+"""trl_compat._engine.guarded: the one run-time fallback of a wrapper's own bookkeeping."""
 
 import logging
 import uuid
@@ -14,7 +14,7 @@ def _bookkeeping_that_fails():
 
 def test_an_error_is_logged_once_with_its_traceback_and_the_code_after_runs(caplog):
     doing = "counting " + uuid.uuid4().hex
-    log = logging.getLogger("trl_compat.test_guard")
+    log = logging.getLogger("trl_compat.test_fallback")
     ran_after = []
     with caplog.at_level(logging.WARNING, logger="trl_compat"):
         for _ in range(3):
@@ -27,7 +27,7 @@ def test_an_error_is_logged_once_with_its_traceback_and_the_code_after_runs(capl
     assert [r.getMessage() for r in caplog.records] == [
         f"trl_compat: test-guard: {doing} failed (ValueError: bookkeeping broke); TRL's own sync runs"
     ]
-    assert caplog.records[0].name == "trl_compat.test_guard"
+    assert caplog.records[0].name == "trl_compat.test_fallback"
     assert caplog.records[0].exc_info[1].args == ("bookkeeping broke",)
 
 
@@ -42,7 +42,7 @@ def test_the_default_logger_is_under_trl_compat(caplog):
     with caplog.at_level(logging.WARNING, logger="trl_compat"):
         with engine.guarded("test-guard", "default logger " + uuid.uuid4().hex):
             _bookkeeping_that_fails()
-    assert caplog.records[0].name == "trl_compat.guarded"
+    assert caplog.records[0].name == "trl_compat.fallback"
 
 
 def test_strict_mode_lets_the_error_through(monkeypatch):

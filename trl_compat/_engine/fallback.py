@@ -1,4 +1,4 @@
-"""The run-time rule for a wrapper's own bookkeeping: an error in it is logged once and the
+"""The run-time fallback for a wrapper's own bookkeeping: an error in it is logged once and the
 wrapper falls back to TRL's own behaviour (sentry's ``capture_internal_exceptions``)::
 
     with guarded(PATCH_ID, "preparing the model") as guard:
@@ -21,30 +21,28 @@ from trl_compat._engine.settings import strict
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import TracebackType
-    from typing import Any, Optional, Type
+    from typing import Any
 
-_log = logs.getLogger("trl_compat.guarded")
+_log = logs.getLogger("trl_compat.fallback")
 
 
-class Guard:
+class Fallback:
     """The context manager :func:`guarded` returns; ``error`` is what it caught (None if nothing)."""
 
     __slots__ = ("patch_id", "doing", "fallback", "logger", "error")
 
     def __init__(self, patch_id: str, doing: str, fallback: str, logger: Any) -> None:
         self.patch_id, self.doing, self.fallback, self.logger = patch_id, doing, fallback, logger
-        self.error: Optional[Exception] = None
+        self.error: Exception | None = None
 
     @property
     def failed(self) -> bool:
         return self.error is not None
 
-    def __enter__(self) -> Guard:
+    def __enter__(self) -> Fallback:
         return self
 
-    def __exit__(
-        self, kind: Optional[Type[BaseException]], error: Optional[BaseException], traceback: Optional[TracebackType]
-    ) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None) -> bool:
         if not isinstance(error, Exception):  # nothing raised, or KeyboardInterrupt and the like
             return False
         self.error = error
@@ -64,10 +62,10 @@ class Guard:
         return True
 
 
-def guarded(patch_id: str, doing: str, fallback: str = "TRL runs unchanged", logger: Any = None) -> Guard:
+def guarded(patch_id: str, doing: str, fallback: str = "TRL runs unchanged", logger: Any = None) -> Fallback:
     """Catch an error of a wrapper's own bookkeeping (``doing``, e.g. "preparing the model"):
     log it once per ``(patch_id, doing)`` with its traceback on ``logger`` (default:
-    ``trl_compat.guarded``), then let the code after the ``with`` block run (``fallback`` says
+    ``trl_compat.fallback``), then let the code after the ``with`` block run (``fallback`` says
     what that means). Re-raises under ``TRL_COMPAT_STRICT=1``, and never catches
     ``BaseException`` that is no ``Exception`` (KeyboardInterrupt)."""
-    return Guard(patch_id, doing, fallback, logger if logger is not None else _log)
+    return Fallback(patch_id, doing, fallback, logger if logger is not None else _log)

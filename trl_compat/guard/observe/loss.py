@@ -3,7 +3,7 @@
 TRL's log-prob function (``_helpers.logps_calls``) receives every row the loss trains on as
 ``input_ids`` (prompt, then completion), its ``attention_mask`` and ``logits_to_keep`` (the
 completion's length), and returns the per-token log-probs. From 0.15 it is a method: the guard
-wraps it on the trainer instance (see :mod:`._trainers`). In TRL 0.14.0 it is a function nested in
+wraps it on the trainer instance (see :mod:`.trainers`). In TRL 0.14.0 it is a function nested in
 ``compute_loss``: a forward pre-hook on the policy model reads its ``input_ids`` when that
 function's frame is on the stack (no log-probs: check L is unavailable there).
 """
@@ -12,47 +12,46 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
-from typing import Any, List, Optional, Tuple
+import weakref
+from typing import Any, Dict, List, Optional, Tuple
 
 from trl_compat._engine import guarded
 from trl_compat._helpers import logps_calls
-from trl_compat.guard import _control, _instances, _trainers
-from trl_compat.guard._alarms import LEDGER
-from trl_compat.guard._records import Sampled, pending
+from trl_compat.guard._ledger import LEDGER
+from trl_compat.guard._mode import GUARD_ID, active, log
+from trl_compat.guard._records import Sampled
+from trl_compat.guard._run import Run
 from trl_compat.guard.checks import logprobs, prompts, sampling
-
-log = logging.getLogger("trl_compat.guard")
-GUARD_ID = "offpolicy-guard"
+from trl_compat.guard.observe import instances
 
 
-def attach(trainer: Any) -> None:
-    caller = logps_calls.find(type(trainer))
+def attach(trainer: Any, run: Run) -> None:
+    """Hook ``trainer``'s log-prob function (its run keeps the function found)."""
+    caller = run.caller = logps_calls.find(type(trainer))
     if caller is None:
         LEDGER.warn_once("no-logps", "TRL's log-prob function was not found: checks P, S and L are off")
         return
     if caller.kind == logps_calls.METHOD:
         signature = inspect.signature(logps_calls.unwrap(getattr(type(trainer), caller.name)))
-        _instances.wrap_method(trainer, caller.name, functools.partial(_method_hook, trainer, signature, caller))
+        instances.wrap_method(trainer, caller.name, functools.partial(_method_hook, trainer, run, signature, caller))
     else:
-        _nested_hook(trainer, caller)
+        _nested_hook(trainer, run, caller)
 
 
-def _method_hook(trainer: Any, signature: inspect.Signature, caller: Any, call: Any) -> Any:
-    import weakref
-
+def _method_hook(trainer: Any, run: Run, signature: inspect.Signature, caller: Any, call: Any) -> Any:
     ref = weakref.ref(trainer)
 
     def logps(*args: Any, **kwargs: Any) -> Any:
         result = call(*args, **kwargs)
         owner = ref()
-        if owner is not None and _any_generated():
+        if owner is not None and run.generations:
             with guarded(
                 GUARD_ID, "matching the loss's rows to vLLM's completions", fallback="these rows are not checked", logger=log
             ):
                 arguments = signature.bind_partial(owner, *args, **kwargs).arguments
                 values = result[0] if isinstance(result, tuple) else result
                 observe(
+                    run,
                     owner,
                     caller,
                     arguments.get("model"),
@@ -66,18 +65,12 @@ def _method_hook(trainer: Any, signature: inspect.Signature, caller: Any, call: 
     return logps
 
 
-def _any_generated() -> bool:
-    return LEDGER.generations > 0
-
-
-def _nested_hook(trainer: Any, caller: Any) -> None:
-    import weakref
-
+def _nested_hook(trainer: Any, run: Run, caller: Any) -> None:
     ref = weakref.ref(trainer)
 
-    def pre(module: Any, args: tuple, kwargs: dict) -> None:
+    def pre(module: Any, args: tuple, kwargs: Dict[str, Any]) -> None:
         owner = ref()
-        if owner is None or not _control.active() or not _any_generated():
+        if owner is None or not active() or not run.generations:
             return None
         frame = logps_calls.frame_of(caller.raw)
         if frame is None:  # a generate forward of the same model, not TRL's log-prob function
@@ -85,13 +78,13 @@ def _nested_hook(trainer: Any, caller: Any) -> None:
         with guarded(GUARD_ID, "matching the loss's rows to vLLM's completions", fallback="these rows are not checked", logger=log):
             keep = frame.f_locals.get("num_logits_to_keep", frame.f_locals.get("logits_to_keep"))
             input_ids = args[0] if args else kwargs.get("input_ids")
-            observe(owner, caller, module, input_ids, None, keep, None)
+            observe(run, owner, caller, module, input_ids, None, keep, None)
         return None
 
     model = getattr(trainer, "model", None)
     if model is not None and hasattr(model, "register_forward_pre_hook"):
         handle = model.register_forward_pre_hook(pre, with_kwargs=True)
-        _instances.on_undo(handle.remove)
+        instances.on_undo(handle.remove)
 
 
 def tokens(trainer: Any) -> Tuple[Optional[int], Optional[int], Any]:
@@ -101,12 +94,14 @@ def tokens(trainer: Any) -> Tuple[Optional[int], Optional[int], Any]:
     return getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None), tokenizer
 
 
-def split_rows(input_ids: Any, attention_mask: Any, keep: int, pad: Optional[int], eos: Optional[int]) -> List[Tuple[list, tuple]]:
+def split_rows(
+    input_ids: Any, attention_mask: Any, keep: int, pad: Optional[int], eos: Optional[int]
+) -> List[Tuple[List[int], Tuple[int, ...]]]:
     """Each row's (prompt ids, completion ids) as the loss sees them: masked positions dropped; with
     no mask (TRL 0.14), the prompt's left padding and everything after the completion's EOS."""
     ids = input_ids.tolist()
     mask = attention_mask.tolist() if attention_mask is not None else None
-    rows = []
+    rows: List[Tuple[List[int], Tuple[int, ...]]] = []
     for index, row in enumerate(ids):
         prompt, completion = row[:-keep], row[-keep:]
         if mask is not None:
@@ -123,14 +118,14 @@ def split_rows(input_ids: Any, attention_mask: Any, keep: int, pad: Optional[int
     return rows
 
 
-def observe(trainer: Any, caller: Any, model: Any, input_ids: Any, attention_mask: Any, keep: Any, values: Any) -> None:
-    """Match the rows of one log-prob call and run P, S and L on them."""
+def observe(run: Run, trainer: Any, caller: Any, model: Any, input_ids: Any, attention_mask: Any, keep: Any, values: Any) -> None:
+    """Match the rows of one log-prob call and run P, S and L on them, at the run's step."""
     if input_ids is None or not isinstance(keep, int) or keep <= 0:
         return
-    LEDGER.step = _trainers.global_step(trainer)
+    step = run.step
     pad, eos, tokenizer = tokens(trainer)
-    store = pending(trainer)
-    matched: List[Tuple[int, list, Sampled]] = []
+    store = run.pending
+    matched: List[Tuple[int, List[int], Sampled]] = []
     for index, (prompt, completion) in enumerate(split_rows(input_ids, attention_mask, keep, pad, eos)):
         sampled = store.find(completion)
         if sampled is not None:
@@ -139,16 +134,16 @@ def observe(trainer: Any, caller: Any, model: Any, input_ids: Any, attention_mas
         return
     fresh = [(i, p, s) for i, p, s in matched if not s.prompt_checked]
     if fresh:
-        prompts.check(fresh, tokenizer)
-        sampling.check(trainer, caller, [s for _, _, s in fresh])
+        prompts.check(run, fresh, tokenizer)
+        sampling.check(run, trainer, caller, [s for _, _, s in fresh])
         for _, _, s in fresh:
             s.prompt_checked = True
         LEDGER.rows_checked += len(fresh)
-        LEDGER.add("rows_checked", len(fresh))
+        run.add("rows_checked", len(fresh))
     if values is not None and _is_policy(trainer, model):
-        rows = [(s, values[i]) for i, _, s in matched if not s.logprobs_checked and s.step == LEDGER.step]
+        rows = [(s, values[i]) for i, _, s in matched if not s.logprobs_checked and s.step == step]
         if rows:
-            logprobs.compare(trainer, rows)
+            logprobs.compare(run, rows)
             for s, _ in rows:
                 s.logprobs_checked = True
 
