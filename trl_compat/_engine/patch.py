@@ -129,24 +129,8 @@ class Patch(_Fields):
 
     A Patch is fixed once declared: ``replace(**fields)`` gives a changed copy."""
 
-    __slots__ = (
-        "id",
-        "kind",
-        "summary",
-        "symptom",
-        "upstream",
-        "fixed_in",
-        "trigger",
-        "must_exist",
-        "changes",
-        "requires",
-        "witnesses",
-        "remove_when",
-        "opt_in",
-        "impl",
-        "probe",
-        "apply",
-    )
+    __slots__: tuple[str, ...] = ("id", "kind", "summary", "symptom", "upstream", "fixed_in", "trigger", "must_exist", "changes")
+    __slots__ += ("requires", "witnesses", "remove_when", "opt_in", "impl", "probe", "apply")
 
     id: str
     kind: str
