@@ -62,6 +62,7 @@ STACK_FREE = (
     "tests/guard/test_guard_units.py",
     "tests/helpers/test_source.py",
     "tests/helpers/test_zero3.py",
+    "tests/test_ledger.py",
     "tests/test_selection.py",
 )
 PACKAGE = ("tests/package",)
