@@ -168,3 +168,103 @@ def test_the_ledger_is_not_read_at_import():
     code = "import sys, trl_compat; print('trl_compat.ledger' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+# --- the audit and the run-time check, on versions and statuses given here ---
+
+
+@pytest.fixture
+def stack(monkeypatch):
+    """``stack(trl="0.22.1", ...)``: the versions the audit reads (others: not installed)."""
+    from trl_compat._engine import versions as engine_versions
+    from trl_compat.ledger import audit
+
+    def set_versions(**versions):
+        found = {dist.replace("_", "-"): v for dist, v in versions.items()}
+        lookup = lambda dist: found.get(dist.replace("_", "-"))  # noqa: E731
+        monkeypatch.setattr(engine_versions, "dist_version", lookup)
+        monkeypatch.setattr(audit, "dist_version", lookup)
+
+    return set_versions
+
+
+def test_audit_trl_0_22_1(stack):
+    from trl_compat.ledger import audit
+
+    stack(trl="0.22.1", transformers="4.55.4", peft="0.17.1")
+    rows = {r["id"]: r for r in audit.audit({"scale-rewards-swapped": "applied", "eval-before-train-ga": "not needed"})["bugs"]}
+    assert rows["scale-rewards-swapped"]["action"] == "fixed"
+    assert "fixes it here" in rows["scale-rewards-swapped"]["message"]
+    assert rows["eval-before-train-ga"]["action"] == "not needed"
+    assert rows["none-reward-baseline"]["action"] == "not fixable here"  # no status given: not applied
+    assert rows["none-reward-baseline"]["fixed_in"] == "1.6.0"
+    # outside their windows
+    assert "vllm-double-bos" not in rows  # needs vLLM installed
+    assert "trl#5891" in rows and "liger" in rows["trl#5891"]["when"]
+    assert "scale-rewards-swapped" not in {r["id"] for r in _audit_at(stack, "0.23.1")}
+    assert "1.15.0:grpo_trainer.py#2" in rows  # a wheel change: DoRA magnitude frozen, fixed in 1.15.0
+
+
+def _audit_at(stack, trl):
+    from trl_compat.ledger import audit
+
+    stack(trl=trl)
+    return audit.audit({})["bugs"]
+
+
+def test_audit_cherry_picks_end_the_window_at_the_earliest_release(stack):
+    rows = {r["id"]: r for r in _audit_at(stack, "1.7.0")}
+    # PR #6139 (colocate + PEFT hang) is in 1.7.1 (cherry-pick) and 1.8.0
+    assert rows["trl#6139"]["fixed_in"] == "1.7.1"
+    assert "trl#6139" not in {r["id"] for r in _audit_at(stack, "1.7.1")}
+
+
+def test_audit_no_trl_no_bug(stack):
+    from trl_compat.ledger import audit
+
+    stack()
+    assert audit.audit({}) == {"versions": audit.audit({})["versions"], "bugs": [], "unfixed": 0}
+
+
+def test_run_conditions():
+    import types
+
+    from trl_compat.ledger import runtime
+
+    args = types.SimpleNamespace(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True, use_liger_kernel=False, world_size=2)
+    model = types.SimpleNamespace(peft_config={"default": None})
+    assert runtime.run_conditions(args, model, {"tools": [print]}) == {"vllm", "vllm_colocate", "vllm_sleep", "multi_gpu", "peft", "tools"}
+    assert runtime.run_conditions(types.SimpleNamespace(), None, {}) == set()
+
+
+def test_runtime_warns_for_an_unfixed_bug_whose_conditions_the_run_meets(stack, caplog):
+    import logging
+
+    from trl_compat.ledger import runtime
+
+    stack(trl="1.5.0")
+    assert [r["id"] for r in runtime.warnings_for({"zero3", "liger"}, {}) if r["id"] == "trl#5891"] == ["trl#5891"]
+    assert "trl#5891" not in [r["id"] for r in runtime.warnings_for({"zero3"}, {})]
+    assert "trl#5891" not in [r["id"] for r in runtime.warnings_for({"liger"}, {})]
+    stack(trl="1.6.0")
+    assert "trl#5891" not in [r["id"] for r in runtime.warnings_for({"zero3", "liger"}, {})]
+    stack(trl="1.5.0")
+    import types
+
+    runtime._warned.discard("trl#5891")
+    args = types.SimpleNamespace(use_liger_kernel=True, hf_deepspeed_config=types.SimpleNamespace(is_zero3=lambda: True))
+    with caplog.at_level(logging.WARNING, logger="trl_compat"):
+        assert "trl#5891" in runtime.check(args, None, {})
+        assert "trl#5891" not in runtime.check(args, None, {})  # once per process
+    logged = [r.getMessage() for r in caplog.records if "trl#5891" in r.getMessage()]
+    assert len(logged) == 1 and "ZeRO-3" in logged[0] and "1.6.0" in logged[0]
+
+
+def test_cli_audit_without_trl(capsys, stack):
+    import json
+
+    from trl_compat.__main__ import main
+
+    stack()
+    assert main(["audit", "--json", "--strict"]) == 0
+    assert json.loads(capsys.readouterr().out)["bugs"] == []
