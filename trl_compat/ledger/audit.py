@@ -89,7 +89,7 @@ def _registry_bug(patch, records: List[ledger.Record]) -> dict:
         "id": patch.id,
         "source": "registry",
         "kind": "advice" if kinds == {"advice"} else "patched",
-        "summary": patch.summary,
+        "summary": patch.symptom or patch.summary,  # what a user sees; the fix's summary where none is written
         "upstream": patch.upstream,
         "requires": dict(patch.requires),
         "fixed_in": _fixed_in(patch.requires.get("trl", "")),
@@ -176,7 +176,7 @@ def describe(bug: dict, act: str, status: str = "") -> str:
         return text + "; trl_compat cannot patch it: upgrade"
     why = f" (patch status: {status})" if status and bug["source"] == "registry" else ""
     if bug.get("unreachable"):
-        why = f" (it needs {bug['unreachable'].replace('needs ', '')}, which trl_compat's tests cannot run)"
+        why = f" (out of its reach: {bug['unreachable']})"
     upgrade = f": upgrade TRL to {bug['fixed_in']} or later" if bug["fixed_in"] else ""
     return text + f"; trl_compat does not fix it{why}{upgrade}"
 
