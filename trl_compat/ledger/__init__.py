@@ -34,8 +34,10 @@ Record = Dict[str, str]
 
 
 def read_records(path: str = LEDGER_PATH) -> List[Record]:
-    """The ledger's records, in file order (a missing file: none)."""
+    """The ledger's records, in file order (a missing file other than trl_compat's own: none)."""
     if not os.path.exists(path):
+        if path == LEDGER_PATH:
+            raise FileNotFoundError(f"trl_compat's ledger is missing from the installed package: {path}")
         return []
     records = []
     with open(path, encoding="utf-8") as lines:
