@@ -5,9 +5,9 @@
 * TRL 0.22.1 (its cell): ``scale-rewards-swapped`` is fixed (the patch applied), and the biased
   baseline of reward functions that return None (``none-reward-baseline``, TRL #5902, fixed in
   1.6.0) is named.
-* A GRPOTrainer built with a LoRA ``peft_config`` logs one WARNING per unfixed bug whose
-  conditions the run meets (TRL 0.22.1: the DoRA magnitude frozen by rounding, fixed in 1.15.0);
-  the same trainer without PEFT logs none.
+* A GRPOTrainer built with a DoRA ``peft_config`` logs one WARNING per unfixed bug whose
+  conditions the run meets (TRL 0.14.0 - 1.14.x: the DoRA magnitude frozen by bf16 rounding,
+  fixed in 1.15.0); the same trainer with plain LoRA, or without PEFT, logs none of DoRA's.
 """
 
 import json
@@ -95,19 +95,31 @@ def _ledger_warnings(caplog):
     return [r.getMessage() for r in caplog.records if r.name == "trl_compat" and "known TRL bug" in r.getMessage()]
 
 
-@pytest.mark.skipif(TRL is None or installed("peft") is None, reason="needs TRL and peft")
-def test_a_run_with_peft_is_warned_of_the_unfixed_bugs_it_meets(tmp_path, caplog, fresh_warnings):
+def _logged_ids(caplog):
+    return [m.split("known TRL bug ", 1)[1].split(" ", 1)[0] for m in _ledger_warnings(caplog)]
+
+
+DORA_BUG = "1.15.0:grpo_trainer.py#2"
+needs_peft = pytest.mark.skipif(TRL is None or installed("peft") is None, reason="needs TRL and peft")
+
+
+@needs_peft
+@pytest.mark.parametrize("use_dora", [True, False], ids=["dora", "lora"])
+def test_a_run_is_warned_of_the_unfixed_bugs_it_meets(tmp_path, caplog, fresh_warnings, use_dora):
     from peft import LoraConfig
 
     from trl_compat.ledger import runtime
 
-    expected = [r["id"] for r in runtime.warnings_for({"peft"})]
+    config = LoraConfig(r=2, target_modules=["q_proj", "v_proj"], use_dora=use_dora)
+    expected = [r["id"] for r in runtime.warnings_for({"peft", "dora"} if use_dora else {"peft"})]
     with caplog.at_level(logging.WARNING, logger="trl_compat"):
-        _trainer(tmp_path, peft_config=LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
-    logged = _ledger_warnings(caplog)
-    assert [m.split("known TRL bug ", 1)[1].split(" ", 1)[0] for m in logged] == expected
-    if Version("0.14.0") <= TRL < Version("1.15.0"):
-        assert any("1.15.0:grpo_trainer.py#2" in m and "DoRA" in m and "1.15.0" in m for m in logged)
+        _trainer(tmp_path, peft_config=config)
+    assert _logged_ids(caplog) == expected
+    dora_window = Version("0.14.0") <= TRL < Version("1.15.0")
+    assert (DORA_BUG in expected) == (use_dora and dora_window)
+    if use_dora and dora_window:
+        [message] = [m for m in _ledger_warnings(caplog) if DORA_BUG in m]
+        assert "DoRA" in message and "use_dora" in message and "fixed in TRL 1.15.0" in message
 
 
 @pytest.mark.skipif(TRL is None, reason="needs TRL")

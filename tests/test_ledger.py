@@ -235,6 +235,10 @@ def test_run_conditions():
     model = types.SimpleNamespace(peft_config={"default": None})
     assert runtime.run_conditions(args, model, {"tools": [print]}) == {"vllm", "vllm_colocate", "vllm_sleep", "multi_gpu", "peft", "tools"}
     assert runtime.run_conditions(types.SimpleNamespace(), None, {}) == set()
+    dora = types.SimpleNamespace(use_dora=True, target_modules=["q_proj", "lm_head"], is_prompt_learning=False)
+    assert runtime.run_conditions(types.SimpleNamespace(), None, {"peft_config": dora}) == {"peft", "dora", "peft_lm_head"}
+    prefix = types.SimpleNamespace(is_prompt_learning=True)
+    assert runtime.run_conditions(types.SimpleNamespace(), None, {"peft_config": prefix}) == {"peft", "peft_prompt_learning"}
 
 
 def test_runtime_warns_for_an_unfixed_bug_whose_conditions_the_run_meets(stack, caplog):

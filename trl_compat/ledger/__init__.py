@@ -28,7 +28,24 @@ LEDGER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "grpo.tsv
 COLUMNS = ("change", "pr", "first_release", "verdict", "since", "when", "reason", "title")
 VERDICT_KINDS = ("patched", "advice", "not-a-bug", "not-reachable", "opt-in", "open")
 # The run-time conditions a record's ``when`` may name (trl_compat.ledger.runtime checks them).
-CONDITIONS = ("deepspeed", "zero3", "fsdp", "peft", "liger", "tools", "vllm", "vllm_server", "vllm_colocate", "vllm_sleep", "multi_gpu")
+CONDITIONS = (
+    "deepspeed",
+    "zero3",
+    "fsdp",
+    "peft",
+    # what the PEFT config holds: DoRA, target_parameters, an adapter on lm_head, prompt learning (prefix/prompt tuning)
+    "dora",
+    "peft_target_parameters",
+    "peft_lm_head",
+    "peft_prompt_learning",
+    "liger",
+    "tools",
+    "vllm",
+    "vllm_server",
+    "vllm_colocate",
+    "vllm_sleep",
+    "multi_gpu",
+)
 
 Record = Dict[str, str]
 

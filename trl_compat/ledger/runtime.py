@@ -49,8 +49,18 @@ def run_conditions(args: Any, model: Any = None, call: Optional[Dict[str, Any]] 
     if getattr(args, "fsdp", None) or getattr(trainer, "is_fsdp_enabled", False):
         found.add("fsdp")
     model = model if model is not None else call.get("model")
-    if hasattr(model, "peft_config") or call.get("peft_config") is not None:
+    peft_configs = _peft_configs(model, call.get("peft_config"))
+    if peft_configs:
         found.add("peft")
+    for config in peft_configs:
+        if getattr(config, "use_dora", False):
+            found.add("dora")
+        if getattr(config, "target_parameters", None):
+            found.add("peft_target_parameters")
+        if _names_lm_head(getattr(config, "target_modules", None)) or _names_lm_head(getattr(config, "modules_to_save", None)):
+            found.add("peft_lm_head")
+        if getattr(config, "is_prompt_learning", False):
+            found.add("peft_prompt_learning")
     if getattr(args, "use_liger_kernel", False) or getattr(args, "use_liger_loss", False):
         found.add("liger")
     if call.get("tools") or call.get("environment_factory"):
@@ -64,6 +74,25 @@ def run_conditions(args: Any, model: Any = None, call: Optional[Dict[str, Any]] 
     if (getattr(args, "world_size", 1) or 1) > 1:
         found.add("multi_gpu")
     return found
+
+
+def _peft_configs(model: Any, passed: Any) -> List[Any]:
+    """The PEFT configs of this run: the model's (a ``PeftModel``: ``{name: config}``) and the one passed."""
+    configs = []
+    held = getattr(model, "peft_config", None)
+    if isinstance(held, dict):
+        configs += list(held.values())
+    elif held is not None:
+        configs.append(held)
+    if passed is not None:
+        configs.append(passed)
+    return configs
+
+
+def _names_lm_head(modules: Any) -> bool:
+    if isinstance(modules, str):
+        return "lm_head" in modules
+    return any("lm_head" in str(name) for name in modules or ())
 
 
 def _zero3(args: Any, trainer: Any) -> bool:
