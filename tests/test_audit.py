@@ -17,7 +17,6 @@ import subprocess
 import sys
 
 import pytest
-
 from packaging.version import Version
 
 from versions import installed
@@ -106,9 +105,9 @@ needs_peft = pytest.mark.skipif(TRL is None or installed("peft") is None, reason
 @needs_peft
 @pytest.mark.parametrize("use_dora", [True, False], ids=["dora", "lora"])
 def test_a_run_is_warned_of_the_unfixed_bugs_it_meets(tmp_path, caplog, fresh_warnings, use_dora):
-    from peft import LoraConfig
-
     from trl_compat.ledger import runtime
+
+    from peft import LoraConfig
 
     config = LoraConfig(r=2, target_modules=["q_proj", "v_proj"], use_dora=use_dora)
     expected = [r["id"] for r in runtime.warnings_for({"peft", "dora"} if use_dora else {"peft"})]

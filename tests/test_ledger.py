@@ -231,9 +231,18 @@ def test_run_conditions():
 
     from trl_compat.ledger import runtime
 
-    args = types.SimpleNamespace(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True, use_liger_kernel=False, world_size=2)
+    args = types.SimpleNamespace(
+        use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True, use_liger_kernel=False, world_size=2
+    )
     model = types.SimpleNamespace(peft_config={"default": None})
-    assert runtime.run_conditions(args, model, {"tools": [print]}) == {"vllm", "vllm_colocate", "vllm_sleep", "multi_gpu", "peft", "tools"}
+    assert runtime.run_conditions(args, model, {"tools": [print]}) == {
+        "vllm",
+        "vllm_colocate",
+        "vllm_sleep",
+        "multi_gpu",
+        "peft",
+        "tools",
+    }
     assert runtime.run_conditions(types.SimpleNamespace(), None, {}) == set()
     dora = types.SimpleNamespace(use_dora=True, target_modules=["q_proj", "lm_head"], is_prompt_learning=False)
     assert runtime.run_conditions(types.SimpleNamespace(), None, {"peft_config": dora}) == {"peft", "dora", "peft_lm_head"}

@@ -129,7 +129,8 @@ def _merge(bug: dict, other: dict) -> None:
     from trl_compat._engine import pep440
 
     bug["changes"] += other["changes"]
-    if pep440.parse(other["fixed_in"]).key() < pep440.parse(bug["fixed_in"]).key():
+    mine, theirs = pep440.parse(bug["fixed_in"]), pep440.parse(other["fixed_in"])
+    if mine is not None and theirs is not None and theirs.key() < mine.key():
         bug["fixed_in"], bug["requires"] = other["fixed_in"], other["requires"]
 
 
@@ -144,7 +145,8 @@ def _fixed_in(spec: str) -> str:
 
 def applies(bug: dict) -> bool:
     """Whether the installed versions lie inside the bug's window."""
-    status, _reason, _versions = gate(types.SimpleNamespace(requires=bug["requires"]))
+    # gate() reads a patch's `requires` only: the same window rule as the patches' (dev builds included)
+    status, _reason, _versions = gate(types.SimpleNamespace(requires=bug["requires"]))  # type: ignore[arg-type]
     return status is None
 
 
@@ -213,7 +215,10 @@ def audit(statuses: Optional[Dict[str, str]] = None) -> dict:
 
 def render(data: dict) -> str:
     installed = ", ".join(f"{d} {v}" for d, v in data["versions"].items() if v)
-    lines = [f"Known TRL bugs for this stack ({installed or 'trl not installed'}): {len(data['bugs'])}, {data['unfixed']} not fixed here", ""]
+    lines = [
+        f"Known TRL bugs for this stack ({installed or 'trl not installed'}): {len(data['bugs'])}, {data['unfixed']} not fixed here",
+        "",
+    ]
     for action_name in (FIXED, NOT_NEEDED_HERE, ADVICE, NOT_FIXABLE):
         rows = [r for r in data["bugs"] if r["action"] == action_name]
         if rows:

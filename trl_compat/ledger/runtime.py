@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from types import FrameType
 from typing import Any, Dict, List, Optional, Set
 
 from trl_compat._engine.guard import guarded
@@ -29,7 +30,7 @@ _warned: Set[str] = set()  # once per bug and process, however many trainers it 
 
 def trainer_call() -> Dict[str, Any]:
     """The arguments of the TRL ``GRPOTrainer.__init__`` call now running (``self`` included), or ``{}``."""
-    frame = sys._getframe(1)
+    frame: Optional[FrameType] = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_name == "__init__" and frame.f_globals.get("__name__") == TRAINER_MODULE:
             return dict(frame.f_locals)
