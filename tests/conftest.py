@@ -66,6 +66,7 @@ STACK_FREE = (
     "tests/helpers/test_zero3.py",
     "tests/test_release.py",
     "tests/test_matrix.py",
+    "tests/test_ledger.py",
     "tests/test_selection.py",
 )
 PACKAGE = ("tests/package",)

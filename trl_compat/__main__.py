@@ -21,6 +21,9 @@ from trl_compat.patches import NEWEST_KNOWN_TRL, OLDEST_KNOWN_TRL
 # What `trl-compat --help` prints: plain text (the docstring above is reST, for the docs).
 DESCRIPTION = """\
 python -m trl_compat [--json]      what trl_compat did here (trl_compat's version first): for bug reports
+trl-compat audit [--json] [--strict]
+                                   which known TRL bugs this stack has, and what trl_compat does about each
+                                   (also python -m trl_compat --audit); --strict: exit 1 if one is not fixed
 trl-compat run -- CMD [ARGS...]    run CMD with trl_compat active in it and in every Python process it starts"""
 
 STACK = ("torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "vllm")
@@ -180,11 +183,22 @@ def render(data: dict) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trl-compat", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--audit", action="store_true", help="the known TRL bugs of this stack (see `audit`)")
+    parser.add_argument("--strict", action="store_true", help="with --audit: exit 1 when a bug that applies is not fixed")
     parser.add_argument("--version", action="version", version=f"%(prog)s {trl_compat.__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="{report,run}")
+    commands = parser.add_subparsers(dest="command", metavar="{report,audit,run}")
     report = commands.add_parser("report", help="what trl_compat did here (the default)")
     # SUPPRESS: `trl-compat --json report` must keep the --json given before the command.
     report.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print the report as JSON")
+    audit = commands.add_parser(
+        "audit",
+        help="which known TRL bugs this stack has, and what trl_compat does about each",
+        description="Every bug of trl_compat's upstream ledger whose window holds the installed versions: "
+        "fixed (patch applied), not needed (the code has the fix), advice (the upgrade that ends it) or not "
+        "fixable here, with what triggers it.",
+    )
+    audit.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print the audit as JSON")
+    audit.add_argument("--strict", action="store_true", default=argparse.SUPPRESS, help="exit 1 when a bug that applies is not fixed")
     run = commands.add_parser(
         "run",
         help="run a command with trl_compat active in every Python process it starts",
@@ -204,8 +218,20 @@ def main(argv: list[str] | None = None) -> int:
 
         return run(args.cmd)
     data = collect()
+    if args.audit or args.command == "audit":
+        return run_audit(data, args.json, args.strict)
     print(json.dumps(data, indent=2) if args.json else render(data))
     return 0
+
+
+def run_audit(report: dict, as_json: bool, strict: bool) -> int:
+    """Print the audit of this stack (after :func:`collect` ran every pending probe); the exit status."""
+    from trl_compat.ledger import audit
+
+    data = audit.audit({row["id"]: row["status"] for row in report["patches"]})
+    data = {"trl_compat": report["trl_compat"], "headline": report["headline"], **data}
+    print(json.dumps(data, indent=2) if as_json else data["headline"] + "\n" + audit.render(data))
+    return 1 if strict and data["unfixed"] else 0
 
 
 if __name__ == "__main__":

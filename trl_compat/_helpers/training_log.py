@@ -15,6 +15,8 @@
 
 * The applied ids in the trainer's first logged training metrics, ``trl_compat/applied/<id>: 1``,
   so that W&B, TensorBoard and ``trainer.state.log_history`` carry them.
+* One WARNING per known TRL bug trl_compat does not fix that this run's set-up meets
+  (:mod:`trl_compat.ledger.runtime`).
 * Under ``TRL_COMPAT_STRICT=1``, a patch failure held back from TRL's lazy import (see
   :func:`inside_trl_lazy_import`) is raised as :class:`TrlCompatError` when the trainer is built.
 
@@ -175,6 +177,11 @@ def callback_class() -> type:
                     main_process=state.is_world_process_zero and _global_rank_zero(),
                     uses_vllm=bool(getattr(args, "use_vllm", False)),
                 )
+                if state.is_world_process_zero and _global_rank_zero():
+                    # The known bugs trl_compat leaves unfixed that this run's set-up meets: one warning each.
+                    from trl_compat.ledger import runtime
+
+                    runtime.check(args, kwargs.get("model"))
 
             def on_log(self, args, state, control, logs=None, **kwargs):
                 if self.metrics_logged or logs is None or "loss" not in logs or not _is_grpo(args):

@@ -1,0 +1,128 @@
+"""``trl-compat audit`` on the cell's real stack, and the run-time warning of a real GRPOTrainer.
+
+* The CLI (``python -m trl_compat --audit``, text and ``--json``) names the same bugs, each with
+  what trl_compat does; ``--strict`` exits 1 exactly when one is not fixed here.
+* TRL 0.22.1 (its cell): ``scale-rewards-swapped`` is fixed (the patch applied), and the biased
+  baseline of reward functions that return None (``none-reward-baseline``, TRL #5902, fixed in
+  1.6.0) is named.
+* A GRPOTrainer built with a DoRA ``peft_config`` logs one WARNING per unfixed bug whose
+  conditions the run meets (TRL 0.14.0 - 1.14.x: the DoRA magnitude frozen by bf16 rounding,
+  fixed in 1.15.0); the same trainer with plain LoRA, or without PEFT, logs none of DoRA's.
+"""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+from packaging.version import Version
+
+from versions import installed
+
+TRL = installed("trl")
+
+
+def _cli(*args):
+    env = dict(os.environ)
+    env.pop("TRL_COMPAT_STRICT", None)  # strict mode is the patches'; --strict is the audit's own
+    result = subprocess.run([sys.executable, "-m", "trl_compat", *args], capture_output=True, text=True, env=env)
+    return result.returncode, result.stdout
+
+
+@pytest.fixture(scope="module")
+def audit_json():
+    code, out = _cli("--audit", "--json")
+    assert code == 0
+    return json.loads(out)
+
+
+def test_text_and_json_name_the_same_bugs(audit_json):
+    code, text = _cli("audit")
+    assert code == 0
+    for row in audit_json["bugs"]:
+        assert f"  {row['id']}: {row['message']}" in text
+    assert f"{len(audit_json['bugs'])}, {audit_json['unfixed']} not fixed here" in text
+
+
+def test_strict_exits_1_when_a_bug_is_not_fixed(audit_json):
+    code, _ = _cli("audit", "--strict")
+    assert code == (1 if audit_json["unfixed"] else 0)
+    assert audit_json["unfixed"] == sum(r["action"] in ("advice", "not fixable here") for r in audit_json["bugs"])
+
+
+@pytest.mark.skipif(TRL != Version("0.22.1"), reason=f"TRL {TRL}: the 0.22.1 cell's bugs")
+def test_trl_0_22_1_scale_rewards_fixed_and_none_reward_baseline_named(audit_json):
+    rows = {r["id"]: r for r in audit_json["bugs"]}
+    assert rows["scale-rewards-swapped"]["action"] == "fixed"
+    assert rows["scale-rewards-swapped"]["status"] == "applied"
+    baseline = rows["none-reward-baseline"]
+    assert baseline["fixed_in"] == "1.6.0"
+    assert "5902" in baseline["upstream"] or "5902" in baseline["message"] or "1c7c7f988" in baseline["changes"]
+    assert baseline["action"] in ("fixed", "not fixable here")
+    code, text = _cli("--audit")
+    assert "scale-rewards-swapped: " in text and "none-reward-baseline: " in text
+
+
+def _trainer(tmp_path, **kwargs):
+    pytest.importorskip("torch")
+    from trl import GRPOTrainer
+
+    import grpo_run
+    import tiny
+
+    args, _ = grpo_run.make_config(os.path.join(tmp_path, "out"), steps=1)
+    return GRPOTrainer(
+        model=tiny.save_tiny(os.path.join(tmp_path, "tiny-qwen2"), "qwen2"),
+        reward_funcs=[tiny.varying_reward],
+        args=args,
+        train_dataset=tiny.prompt_dataset(4),
+        processing_class=tiny.make_tokenizer(),
+        **kwargs,
+    )
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch):
+    from trl_compat.ledger import runtime
+
+    monkeypatch.setattr(runtime, "_warned", set())
+
+
+def _ledger_warnings(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == "trl_compat" and "known TRL bug" in r.getMessage()]
+
+
+def _logged_ids(caplog):
+    return [m.split("known TRL bug ", 1)[1].split(" ", 1)[0] for m in _ledger_warnings(caplog)]
+
+
+DORA_BUG = "1.15.0:grpo_trainer.py#2"
+needs_peft = pytest.mark.skipif(TRL is None or installed("peft") is None, reason="needs TRL and peft")
+
+
+@needs_peft
+@pytest.mark.parametrize("use_dora", [True, False], ids=["dora", "lora"])
+def test_a_run_is_warned_of_the_unfixed_bugs_it_meets(tmp_path, caplog, fresh_warnings, use_dora):
+    from trl_compat.ledger import runtime
+
+    from peft import LoraConfig
+
+    config = LoraConfig(r=2, target_modules=["q_proj", "v_proj"], use_dora=use_dora)
+    expected = [r["id"] for r in runtime.warnings_for({"peft", "dora"} if use_dora else {"peft"})]
+    with caplog.at_level(logging.WARNING, logger="trl_compat"):
+        _trainer(tmp_path, peft_config=config)
+    assert _logged_ids(caplog) == expected
+    dora_window = Version("0.14.0") <= TRL < Version("1.15.0")
+    assert (DORA_BUG in expected) == (use_dora and dora_window)
+    if use_dora and dora_window:
+        [message] = [m for m in _ledger_warnings(caplog) if DORA_BUG in m]
+        assert "DoRA" in message and "use_dora" in message and "fixed in TRL 1.15.0" in message
+
+
+@pytest.mark.skipif(TRL is None, reason="needs TRL")
+def test_a_run_without_the_trigger_is_not_warned(tmp_path, caplog, fresh_warnings):
+    with caplog.at_level(logging.WARNING, logger="trl_compat"):
+        _trainer(tmp_path)
+    assert _ledger_warnings(caplog) == []
