@@ -36,6 +36,10 @@ CONDITION_TEXT = {
     "zero3": "ZeRO-3",
     "fsdp": "FSDP",
     "peft": "PEFT",
+    "dora": "DoRA",
+    "peft_target_parameters": "LoRA target_parameters",
+    "peft_lm_head": "an adapter on lm_head",
+    "peft_prompt_learning": "prompt learning (prefix/prompt tuning)",
     "liger": "use_liger_kernel",
     "tools": "tools",
     "vllm": "use_vllm",
@@ -106,7 +110,7 @@ def _ledger_bug(record: ledger.Record, kind: str, ids: list[str]) -> dict:
         "source": "ledger",
         "kind": kind,
         "summary": record["reason"],
-        "upstream": f"https://github.com/huggingface/trl/pull/{record['pr']}" if record["pr"] else f"TRL {record['change']}",
+        "upstream": _upstream(record),
         "requires": {"trl": affected(since, fixed_in)},
         "fixed_in": fixed_in,
         "when": [c for c in record["when"].split(",") if c],
@@ -114,6 +118,16 @@ def _ledger_bug(record: ledger.Record, kind: str, ids: list[str]) -> dict:
         "unreachable": what if kind == "not-reachable" else "",
         "changes": [record["change"]],
     }
+
+
+def _upstream(record: ledger.Record) -> str:
+    if record["pr"]:
+        return f"https://github.com/huggingface/trl/pull/{record['pr']}"
+    if ".." in record["change"]:
+        pair, path = record["change"].split(":", 1)
+        old, new = pair.split("..")
+        return f"TRL's {path.split('#')[0]}, changed between the {old} and {new} wheels"
+    return f"TRL commit {record['change']}"
 
 
 def _short(change: str) -> str:
@@ -165,7 +179,12 @@ def action(bug: dict, statuses: dict[str, str]) -> str:
 def describe(bug: dict, act: str, status: str = "") -> str:
     """One sentence: what the bug is, when it bites, what ends it, what trl_compat does."""
     when = " with " + " + ".join(CONDITION_TEXT.get(c, c) for c in bug["when"]) if bug["when"] else ""
-    ends = f"fixed in TRL {bug['fixed_in']}" if bug["fixed_in"] else "not fixed upstream yet"
+    if not bug["fixed_in"]:
+        ends = "not fixed upstream yet"
+    elif bug["source"] == "registry":  # the registry's window may end after the fix release (dev builds, probes)
+        ends = f"trl_compat's window ends at TRL {bug['fixed_in']}"
+    else:
+        ends = f"fixed in TRL {bug['fixed_in']}"
     if bug["source"] == "ledger" and bug.get("option"):
         when = f" with {bug['option']}" + (" + " + " + ".join(CONDITION_TEXT.get(c, c) for c in bug["when"]) if bug["when"] else "")
     text = f"{bug['summary']}{' (' + when.strip() + ')' if when else ''}: {bug['upstream']}, {ends}"
