@@ -5,10 +5,12 @@ Run it with the Python of a matrix cell's venv where trl-compat is installed
 variants in rotating order (so that the machine's load falls on all of them alike):
 
 - **python -c pass**: the interpreter alone;
-- **import trl_compat**: ``python -c "import trl_compat"`` (registers and gates every patch,
-  hooks the in-window ones to TRL's modules; imports no torch, transformers or trl, and no patch
-  module: those load when their trigger module does), the installed
+- **import trl_compat**: ``python -c "import trl_compat"`` (imports trl_compat, its engine's
+  package and the post-import hooks, and watches for ``trl``: the registry, the settings and the
+  gates load when TRL's import begins; no torch, transformers, trl or patch module), the installed
   copy (it runs in a temporary directory, not in this tree);
+- **import trl_compat, then its registry**: the same, plus ``trl_compat.report()``: what TRL's
+  import adds to the process at its start (the registry, the settings check, every patch gated);
 - **TRL_COMPAT_AUTO=1**: ``python -c pass`` with the switch on, where the wheel's
   ``trl_compat.pth`` is installed (trl_compat imported at start-up by ``site``).
 
@@ -31,7 +33,7 @@ import tempfile
 import _measure
 
 COUNT = "import sys; print(len(sys.modules))"
-TARGET = 2.0  # issue #11: import trl_compat within 2x the CPU time of `python -c pass`
+TARGET = 1.2  # issue #34 (#11 asked for 2x): import trl_compat within 1.2x the CPU time of `python -c pass`
 # Run away from any source tree: `python -c` puts the working directory first on sys.path
 # (main() changes into it; the children inherit it).
 CWD = tempfile.gettempdir()
@@ -42,6 +44,7 @@ def variants():
     found = [
         ("python -c pass", [sys.executable, "-c", "pass"], env),
         ("import trl_compat", [sys.executable, "-c", "import trl_compat"], env),
+        ("import trl_compat, then its registry", [sys.executable, "-c", "import trl_compat; trl_compat.report()"], env),
     ]
     if os.path.exists(os.path.join(sysconfig.get_paths()["purelib"], "trl_compat.pth")):
         found.append(("TRL_COMPAT_AUTO=1, python -c pass", [sys.executable, "-c", "pass"], dict(env, TRL_COMPAT_AUTO="1")))
