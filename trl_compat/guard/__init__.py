@@ -32,8 +32,6 @@ Rules (held by tests/guard/test_floors.py):
 
 from __future__ import annotations
 
-from typing import Dict, List
-
 from trl_compat.guard._install import disable, enable, from_environment
 from trl_compat.guard._ledger import CHECKS, LEDGER, Alarm, OffPolicyError
 from trl_compat.guard._mode import active, is_strict, mode, observing, pause
@@ -55,13 +53,13 @@ __all__ = [
 ]
 
 
-def alarms() -> List[Alarm]:
+def alarms() -> list[Alarm]:
     """Every alarm raised in this process so far (oldest first)."""
     with LEDGER.lock:
         return list(LEDGER.alarms)
 
 
-def stats() -> Dict[str, int]:
+def stats() -> dict[str, int]:
     """This process's counts: optimizer steps guarded (ended with vLLM generations behind them),
     vLLM generate calls, loss rows checked against vLLM's completions, alarms (all; and those fired
     outside ``observing()``, which strict mode raises)."""

@@ -4,18 +4,16 @@ is only known once it runs)."""
 
 from __future__ import annotations
 
-from typing import Dict, Optional
-
 from trl_compat._engine import pep440, settings
 from trl_compat.guard._ledger import CHECKS
 
 
-def _at_least(version: Optional[str], release: tuple) -> Optional[bool]:
+def _at_least(version: str | None, release: tuple) -> bool | None:
     parsed = pep440.parse(version) if version else None
     return None if parsed is None else tuple(parsed.release[:2]) >= release
 
 
-def where(trl: Optional[str]) -> Dict[str, str]:
+def where(trl: str | None) -> dict[str, str]:
     """Per check: where it runs, and what it cannot see."""
     returns_logprobs = _at_least(trl, (0, 23))
     returns_prompt_ids = _at_least(trl, (0, 24))
@@ -35,7 +33,7 @@ def where(trl: Optional[str]) -> Dict[str, str]:
     }
 
 
-def describe(trl: Optional[str]) -> dict:
+def describe(trl: str | None) -> dict:
     mode = settings.guard_mode()
     return {
         "mode": mode,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import weakref
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Set
+from typing import Any
 
 SAMPLE = 4096  # elements per watched matrix (W1/W2)
 
@@ -35,11 +35,11 @@ class Watch:
         self.shape = tuple(param.shape)
         self.dtype = param.dtype
         self.checkpoint = self.engine_values(param)  # what the engine holds when built
-        self.verified: Optional[bool] = None  # None: not sent yet; False: vLLM stores it transformed
-        self.last: Optional[Any] = None  # the last sync's sent elements, in vLLM's dtype
-        self.previous: Optional[Any] = None
-        self.sent: Optional[Any] = None  # sent in the open sync, not yet loaded
-        self.trainer_last: Optional[Any] = None  # the trainer's expected elements at the last sync (or first generate)
+        self.verified: bool | None = None  # None: not sent yet; False: vLLM stores it transformed
+        self.last: Any | None = None  # the last sync's sent elements, in vLLM's dtype
+        self.previous: Any | None = None
+        self.sent: Any | None = None  # sent in the open sync, not yet loaded
+        self.trainer_last: Any | None = None  # the trainer's expected elements at the last sync (or first generate)
 
     def engine_values(self, param: Any) -> Any:
         return param.detach().reshape(-1)[self.index.to(param.device)].to("cpu").clone()
@@ -52,18 +52,18 @@ class Sync:
     step: int
     trainer: Any  # the trainer whose weights are sent (None: unknown)
     count: int = 0  # tensors sent
-    names: Set[str] = field(default_factory=set)  # their names, as vLLM names them
-    findings: List[Finding] = field(default_factory=list)
+    names: set[str] = field(default_factory=set)  # their names, as vLLM names them
+    findings: list[Finding] = field(default_factory=list)
 
 
 class Weights:
     """W1/W2's state for one in-process engine."""
 
     def __init__(self) -> None:
-        self.watches: Dict[str, Watch] = {}
-        self.params: Dict[str, Any] = {}  # watched name -> vLLM's parameter
-        self.open: Optional[Sync] = None  # the sync being sent
-        self.generated_at: Optional[int] = None  # the step of the last generate
+        self.watches: dict[str, Watch] = {}
+        self.params: dict[str, Any] = {}  # watched name -> vLLM's parameter
+        self.open: Sync | None = None  # the sync being sent
+        self.generated_at: int | None = None  # the step of the last generate
         self.synced_since_generate = False
 
 
@@ -73,28 +73,28 @@ class EngineRecord:
     def __init__(
         self,
         llm: Any = None,
-        prefix_caching: Optional[bool] = None,
+        prefix_caching: bool | None = None,
         model: Any = None,
-        logprobs_mode: Optional[str] = None,
+        logprobs_mode: str | None = None,
     ) -> None:
-        self.llm: Optional["weakref.ref[Any]"] = weakref.ref(llm) if llm is not None else None
+        self.llm: weakref.ref[Any] | None = weakref.ref(llm) if llm is not None else None
         self.prefix_caching = prefix_caching
         self.model = model  # the engine's model, where vLLM keeps it in this process
         self.logprobs_mode = logprobs_mode  # vLLM's ``logprobs_mode`` (None: not set, or unknown)
         # C's state machine (checks.engine_calls)
         self.state = "checkpoint"  # checkpoint | synced | disk | discarded | lost | flagged
-        self.asleep: Optional[int] = None  # the sleep level while asleep
+        self.asleep: int | None = None  # the sleep level while asleep
         self.synced_while_asleep = False
         self.prefix_dirty = False
         self.generates = 0
         self.syncs = 0  # load_weights calls of the trainer's weight syncs
         self.last_sync_step = -1
         # the observer's bookkeeping
-        self.inside: List[str] = []  # the engine calls in progress (a load_weights inside one is vLLM's own)
+        self.inside: list[str] = []  # the engine calls in progress (a load_weights inside one is vLLM's own)
         self.own_loads = 0  # load_weights calls vLLM made itself (reload_weights reads the checkpoint through it)
-        self.trainer: Optional["weakref.ref[Any]"] = None  # the trainer that syncs into and generates with this engine
+        self.trainer: weakref.ref[Any] | None = None  # the trainer that syncs into and generates with this engine
         # W1/W2 (checks.weights)
-        self.weights: Optional[Weights] = None
+        self.weights: Weights | None = None
 
     def engine(self) -> Any:
         """The vLLM ``LLM`` (None: freed, or a server's engine)."""

@@ -10,7 +10,7 @@ instance wrappers that pass straight through.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, List
+from typing import Any, Callable
 
 from trl_compat._engine import Patcher, guarded, hooks, settings
 from trl_compat.guard._mode import GUARD_ID, active, log, switch
@@ -31,7 +31,7 @@ class _Installed:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.hooked = False
-        self.patchers: List[Patcher] = []
+        self.patchers: list[Patcher] = []
 
 
 _INSTALLED = _Installed()

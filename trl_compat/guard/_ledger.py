@@ -15,7 +15,6 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set, Tuple
 
 from trl_compat.guard._mode import log, observing_now
 
@@ -38,8 +37,8 @@ class Alarm:
     check: str  # a key of CHECKS
     what: str  # the finding, with its figures
     cause: str  # the likely cause
-    fix: Optional[str] = None  # the trl_compat patch id that fixes it, where one does
-    figures: Dict[str, object] = field(default_factory=dict)
+    fix: str | None = None  # the trl_compat patch id that fixes it, where one does
+    figures: dict[str, object] = field(default_factory=dict)
     step: int = 0  # the optimizer step it belongs to: set by the check that fires it
     rank: int = 0
     observed: bool = False  # fired inside guard.observing() (a bug reproduced on purpose): never raised
@@ -65,10 +64,10 @@ class Ledger:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.alarms: List[Alarm] = []
-        self.unraised: List[Alarm] = []
-        self._logged: Set[Tuple[str, int]] = set()
-        self._warned: Set[str] = set()
+        self.alarms: list[Alarm] = []
+        self.unraised: list[Alarm] = []
+        self._logged: set[tuple[str, int]] = set()
+        self._warned: set[str] = set()
         self.steps_guarded = 0  # optimizer steps that ended with at least one guarded generation behind them
         self.generations = 0  # vLLM generate calls seen
         self.rows_checked = 0  # completions matched to a loss row and compared
@@ -100,7 +99,7 @@ class Ledger:
             self.generations += 1
             return self.generations
 
-    def take_unraised(self) -> List[Alarm]:
+    def take_unraised(self) -> list[Alarm]:
         with self.lock:
             taken, self.unraised = self.unraised, []
         return taken
@@ -109,7 +108,7 @@ class Ledger:
 LEDGER = Ledger()
 
 
-def error_for(alarms: List[Alarm], elsewhere: bool) -> OffPolicyError:
+def error_for(alarms: list[Alarm], elsewhere: bool) -> OffPolicyError:
     if alarms:
         lines = "\n".join(a.line() for a in alarms[:8])
         more = f"\n(and {len(alarms) - 8} more)" if len(alarms) > 8 else ""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Optional
 
 GUARD_ID = "offpolicy-guard"  # the id the guard's own bookkeeping reports under (``_engine.guarded``)
 log = logging.getLogger("trl_compat.guard")
@@ -16,7 +15,7 @@ class _Switch:
         self.lock = threading.RLock()
         self.mode = "off"  # off | on | strict
         self.observing = 0  # depth of observing() blocks: alarms are not raised
-        self.resumed: Optional[str] = None  # the mode pause() keeps for resuming
+        self.resumed: str | None = None  # the mode pause() keeps for resuming
 
 
 _SWITCH = _Switch()
@@ -59,11 +58,11 @@ class observing:
     """``with trl_compat.guard.observing():`` alarms are logged and counted but not raised (tests
     that reproduce a bug on purpose)."""
 
-    def __enter__(self) -> "observing":
+    def __enter__(self) -> observing:
         with _SWITCH.lock:
             _SWITCH.observing += 1
         return self
 
-    def __exit__(self, *exc: Optional[BaseException]) -> None:
+    def __exit__(self, *exc: BaseException | None) -> None:
         with _SWITCH.lock:
             _SWITCH.observing -= 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trl_compat.guard._engines import EngineRecord
@@ -25,16 +25,16 @@ MAX_PENDING = 16384  # completions kept for matching: a few steps' worth of any 
 class Sampling:
     """The sampling parameters one generate call used, as far as the loss's policy depends on them."""
 
-    temperature: Optional[float]
-    top_k: Optional[int] = None  # None, 0 or -1: off
-    top_p: Optional[float] = None
-    min_p: Optional[float] = None
-    penalties: Tuple[str, ...] = ()  # names of active repetition/presence/frequency penalties
+    temperature: float | None
+    top_k: int | None = None  # None, 0 or -1: off
+    top_p: float | None = None
+    min_p: float | None = None
+    penalties: tuple[str, ...] = ()  # names of active repetition/presence/frequency penalties
     guided: bool = False  # guided decoding, structured outputs or logits processors
     logprobs: bool = False  # whether the caller asked for log-probs
 
     @classmethod
-    def of(cls, params: Any) -> "Sampling":
+    def of(cls, params: Any) -> Sampling:
         """The loss-relevant part of a ``SamplingParams`` (or of a dict of its fields)."""
         get = params.get if isinstance(params, dict) else lambda name, default=None: getattr(params, name, default)
         penalties = tuple(
@@ -54,7 +54,7 @@ class Sampling:
             logprobs=get("logprobs") is not None,
         )
 
-    def truncated(self) -> Tuple[str, ...]:
+    def truncated(self) -> tuple[str, ...]:
         """The settings that make generation deliberately differ from the full-vocabulary policy."""
         found = []
         if self.top_k not in (None, 0, -1):
@@ -75,13 +75,13 @@ class Sampled:
 
     call: int  # the guard's number of the generate call that made it
     step: int  # the optimizer step it was generated at
-    prompt_ids: Optional[Tuple[int, ...]]  # what vLLM generated from (None: only the text is known)
-    prompt_text: Optional[str]  # the text sent, where vLLM tokenised it in another process
-    completion_ids: Tuple[int, ...]
-    logprobs: Optional[Tuple[float, ...]]  # vLLM's log-prob of each sampled token
+    prompt_ids: tuple[int, ...] | None  # what vLLM generated from (None: only the text is known)
+    prompt_text: str | None  # the text sent, where vLLM tokenised it in another process
+    completion_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None  # vLLM's log-prob of each sampled token
     sampling: Sampling
-    engine: Optional["EngineRecord"] = None  # the guard's record of the engine (in-process), or None (server)
-    truncate: Optional[int] = None  # the server keeps the last this many ids of the prompt it tokenises
+    engine: EngineRecord | None = None  # the guard's record of the engine (in-process), or None (server)
+    truncate: int | None = None  # the server keeps the last this many ids of the prompt it tokenises
     prompt_checked: bool = False
     logprobs_checked: bool = False
 
@@ -91,9 +91,9 @@ class Pending:
 
     def __init__(self, limit: int = MAX_PENDING) -> None:
         self._lock = threading.Lock()
-        self._order: Deque[Tuple[int, ...]] = collections.deque()
-        self._by_ids: Dict[Tuple[int, ...], Sampled] = {}
-        self._ambiguous: Set[Tuple[int, ...]] = set()
+        self._order: collections.deque[tuple[int, ...]] = collections.deque()
+        self._by_ids: dict[tuple[int, ...], Sampled] = {}
+        self._ambiguous: set[tuple[int, ...]] = set()
         self._limit = limit
 
     def add(self, sampled: Sampled) -> None:
@@ -114,7 +114,7 @@ class Pending:
                 self._by_ids.pop(old, None)
                 self._ambiguous.discard(old)
 
-    def find(self, completion_ids: Tuple[int, ...]) -> Optional[Sampled]:
+    def find(self, completion_ids: tuple[int, ...]) -> Sampled | None:
         with self._lock:
             if completion_ids in self._ambiguous:
                 return None
@@ -135,7 +135,7 @@ class Batch:
     step: int
     tau: float
     precision: str
-    kl: List[float] = field(default_factory=list)  # m_i per completion
+    kl: list[float] = field(default_factory=list)  # m_i per completion
     abs_diff: float = 0.0  # sum of |Δ| over tokens
     diff: float = 0.0  # sum of Δ
     tokens: int = 0

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Dict, List, Optional, Set
+from typing import Any
 
 from trl_compat.guard._ledger import LEDGER, Alarm
 from trl_compat.guard._records import Batch, Pending
 
 
-def global_step(trainer: Optional[Any]) -> int:
+def global_step(trainer: Any | None) -> int:
     state = getattr(trainer, "state", None)
     step = getattr(state, "global_step", None)
     return int(step) if isinstance(step, int) else 0
@@ -30,16 +30,16 @@ class Run:
         self._trainer = weakref.ref(trainer)
         self.lock = threading.Lock()
         self.pending = Pending()
-        self.figures: Dict[str, List[float]] = {}  # metric name -> values since the last log
+        self.figures: dict[str, list[float]] = {}  # metric name -> values since the last log
         self.generations = 0  # guarded generate calls made for this run
-        self.open_batches: Dict[int, Batch] = {}  # L: call number -> batch not yet decided
+        self.open_batches: dict[int, Batch] = {}  # L: call number -> batch not yet decided
         self.streak = 0  # L: consecutive decided batches with D > τ
-        self.decided: List[float] = []  # L: the D of each decided batch, oldest first
-        self.seen_calls: Set[int] = set()  # S: generate calls whose temperature was checked
+        self.decided: list[float] = []  # L: the D of each decided batch, oldest first
+        self.seen_calls: set[int] = set()  # S: generate calls whose temperature was checked
         self.caller: Any = None  # the trainer's log-prob function (``_helpers.logps_calls.find``)
 
     @property
-    def trainer(self) -> Optional[Any]:
+    def trainer(self) -> Any | None:
         return self._trainer()
 
     @property
@@ -51,7 +51,7 @@ class Run:
         with self.lock:
             self.figures.setdefault(name, []).append(float(value))
 
-    def take_figures(self) -> Dict[str, List[float]]:
+    def take_figures(self) -> dict[str, list[float]]:
         with self.lock:
             taken, self.figures = self.figures, {}
         return taken
@@ -61,7 +61,7 @@ class Run:
         self.add("alarm", 1.0)
 
 
-_RUNS: "weakref.WeakKeyDictionary[Any, Run]" = weakref.WeakKeyDictionary()
+_RUNS: weakref.WeakKeyDictionary[Any, Run] = weakref.WeakKeyDictionary()
 _RUNS_LOCK = threading.Lock()
 
 
@@ -74,13 +74,13 @@ def run_of(trainer: Any) -> Run:
         return run
 
 
-def known_run(trainer: Any) -> Optional[Run]:
+def known_run(trainer: Any) -> Run | None:
     """``trainer``'s run if it has one (it was adopted), else None."""
     with _RUNS_LOCK:
         return _RUNS.get(trainer)
 
 
-def fire(run: Optional[Run], alarm: Alarm) -> None:
+def fire(run: Run | None, alarm: Alarm) -> None:
     """Fire ``alarm`` for ``run``, or for no run (an engine no trainer drives: a server process)."""
     if run is not None:
         run.fire(alarm)
@@ -88,6 +88,6 @@ def fire(run: Optional[Run], alarm: Alarm) -> None:
         LEDGER.fire(alarm)
 
 
-def add(run: Optional[Run], name: str, value: float) -> None:
+def add(run: Run | None, name: str, value: float) -> None:
     if run is not None:
         run.add(name, value)

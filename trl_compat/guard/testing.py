@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any
 
 from trl_compat.guard._engines import EngineRecord
 from trl_compat.guard._ledger import LEDGER, Alarm, Ledger
@@ -48,23 +49,23 @@ def new_run() -> Run:
     return run
 
 
-def decided(trainer: Any) -> List[float]:
+def decided(trainer: Any) -> list[float]:
     """Check L's D of each batch the trainer's run decided (oldest first); [] if it has no run."""
     run = known_run(trainer)
     return list(run.decided) if run is not None else []
 
 
-def figures(trainer: Any) -> Dict[str, List[float]]:
+def figures(trainer: Any) -> dict[str, list[float]]:
     """The run's ``offpolicy/*`` figures not yet taken by a log."""
     run = known_run(trainer)
     return dict(run.figures) if run is not None else {}
 
 
-def metrics(values: Dict[str, List[float]]) -> Dict[str, float]:
+def metrics(values: dict[str, list[float]]) -> dict[str, float]:
     return _callback.metrics(values)
 
 
-def sync_step(engine: Optional[EngineRecord] = None) -> int:
+def sync_step(engine: EngineRecord | None = None) -> int:
     """The step a weight sync made from the caller's frame is dated to (as an engine's hook does)."""
     return _trainers.step_of(_trainers.syncing(engine if engine is not None else EngineRecord()))
 

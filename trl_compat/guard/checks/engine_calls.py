@@ -17,8 +17,6 @@ step 0 send the checkpoint's own weights, so what happens after them cannot be w
 
 from __future__ import annotations
 
-from typing import Optional
-
 from trl_compat.guard._engines import EngineRecord
 from trl_compat.guard._ledger import Alarm
 from trl_compat.guard._run import Run, fire
@@ -69,7 +67,7 @@ def collective_rpc(engine: EngineRecord, args: tuple, kwargs: dict, loaded: bool
         engine.state = "disk"
 
 
-def before_generate(engine: EngineRecord, run: Optional[Run]) -> None:
+def before_generate(engine: EngineRecord, run: Run | None) -> None:
     """Judge the calls since the last sync, as ``generate`` starts (for ``run``'s step; step 0 for
     an engine no trainer drives)."""
     step = run.step if run is not None else 0

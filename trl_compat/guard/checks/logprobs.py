@@ -29,7 +29,7 @@ batch or a streak.
 from __future__ import annotations
 
 import statistics
-from typing import Any, List, Tuple
+from typing import Any
 
 from trl_compat.guard._ledger import LEDGER, Alarm
 from trl_compat.guard._records import Batch, Sampled
@@ -44,7 +44,7 @@ GROSS = 10.0  # × τ, once
 TAU = {"fp32": 1e-3, "16-bit": 0.05, "moe/quantised": 0.2}
 
 
-def compare(run: Run, rows: List[Tuple[Sampled, Any]]) -> None:
+def compare(run: Run, rows: list[tuple[Sampled, Any]]) -> None:
     """L on the matched rows: ``[(sampled, trainer_logps_row (1-D tensor of the completion's tokens))]``."""
     import torch
 

@@ -4,7 +4,7 @@ loss's, and the precision class that sets τ; vLLM's log-prob of each sampled to
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional, Tuple
+from typing import Any
 
 from trl_compat._helpers import vllm_logprobs
 from trl_compat.guard._engines import EngineRecord
@@ -15,7 +15,7 @@ from trl_compat.guard.checks import sampling
 TEMPERATURE_TOLERANCE = 1e-6
 
 
-def sampled_logprobs(ids: Tuple[int, ...], logprobs: Any) -> Optional[Tuple[float, ...]]:
+def sampled_logprobs(ids: tuple[int, ...], logprobs: Any) -> tuple[float, ...] | None:
     """vLLM's log-prob of each sampled token (``logprobs[t][ids[t]].logprob``), or None."""
     if not logprobs or len(logprobs) != len(ids):
         return None
@@ -29,7 +29,7 @@ def sampled_logprobs(ids: Tuple[int, ...], logprobs: Any) -> Optional[Tuple[floa
     return tuple(values)
 
 
-def domain(engine: Optional[EngineRecord]) -> Optional[str]:
+def domain(engine: EngineRecord | None) -> str | None:
     """ "raw" or "processed": which log-probs the engine returns (None: unknown, e.g. a server)."""
     if engine is None:
         return None
@@ -49,7 +49,7 @@ def loss_temperature(run: Run) -> float:
     return sampling.loss_temperature(trainer, run.caller) if trainer is not None and run.caller is not None else 1.0
 
 
-def unavailable(sampled: Sampled, loss_t: float, dropout: bool) -> Optional[str]:
+def unavailable(sampled: Sampled, loss_t: float, dropout: bool) -> str | None:
     """Why this completion cannot be compared (None: it can); ``dropout``: the policy has active
     dropout (:func:`active_dropout`, once per log-prob call, not per completion)."""
     if sampled.logprobs is None:
@@ -96,7 +96,7 @@ def active_dropout(trainer: Any) -> bool:
     return any(type(m).__name__.startswith("Dropout") and getattr(m, "p", 0) > 0 and m.training for m in model.modules())
 
 
-def precision(engine: Optional[EngineRecord], values: Any) -> str:
+def precision(engine: EngineRecord | None, values: Any) -> str:
     """The precision class of one comparison: vLLM's dtype and the trainer's log-prob dtype."""
     import torch
 

@@ -10,7 +10,8 @@ TRL builds the two.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 from trl_compat.guard._ledger import Alarm
 from trl_compat.guard._records import Sampled
@@ -19,7 +20,7 @@ from trl_compat.guard._run import Run
 SNIPPET = 8
 
 
-def _engine_prompt(sampled: Sampled, tokenizer: Any) -> Tuple[Optional[list], bool]:
+def _engine_prompt(sampled: Sampled, tokenizer: Any) -> tuple[list | None, bool]:
     if sampled.prompt_ids is not None:
         return list(sampled.prompt_ids), False
     if sampled.prompt_text is not None and hasattr(tokenizer, "encode"):
@@ -35,7 +36,7 @@ def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
     return min(len(a), len(b))
 
 
-def likely_cause(engine: List[int], loss: List[int], tokenizer: Any) -> Tuple[str, Optional[str]]:
+def likely_cause(engine: list[int], loss: list[int], tokenizer: Any) -> tuple[str, str | None]:
     bos = getattr(tokenizer, "bos_token_id", None)
     if bos is not None and engine[:2] == [bos, bos] and loss[:2] != [bos, bos]:
         return "vLLM added a BOS to a prompt text that already starts with one (double BOS)", "vllm-double-bos"
@@ -51,10 +52,10 @@ def likely_cause(engine: List[int], loss: List[int], tokenizer: Any) -> Tuple[st
     return "the prompt vLLM generated from is not the loss's prompt", None
 
 
-def check(run: Run, rows: List[Tuple[int, List[int], Sampled]], tokenizer: Any) -> None:
+def check(run: Run, rows: list[tuple[int, list[int], Sampled]], tokenizer: Any) -> None:
     """``rows``: (row index, loss prompt ids, the matched vLLM completion), at the run's step."""
     mismatched, simulated = 0, False
-    first: Optional[Tuple[int, List[int], List[int]]] = None
+    first: tuple[int, list[int], list[int]] | None = None
     for index, loss_prompt, sampled in rows:
         engine_prompt, was_simulated = _engine_prompt(sampled, tokenizer)
         if engine_prompt is None:

@@ -9,7 +9,7 @@ reported once as a warning, not an alarm: generation is then deliberately not th
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any
 
 from trl_compat._engine.patch import APPLIED
 from trl_compat._engine.reporting import status
@@ -31,9 +31,9 @@ def loss_temperature(trainer: Any, caller: Any) -> float:
     return 1.0
 
 
-def check(run: Run, trainer: Any, caller: Any, sampled: List[Sampled]) -> None:
+def check(run: Run, trainer: Any, caller: Any, sampled: list[Sampled]) -> None:
     """S on the completions of generate calls the run has not checked yet, once per call."""
-    calls: Dict[int, Sampled] = {}
+    calls: dict[int, Sampled] = {}
     for s in sampled:
         if s.call not in run.seen_calls:
             calls.setdefault(s.call, s)

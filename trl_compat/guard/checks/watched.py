@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from trl_compat._helpers.models import peel
 from trl_compat.guard._engines import EngineRecord, Finding, Watch, Weights
@@ -25,8 +25,8 @@ class Expected:
     """The trainer's value of a watched matrix at its sampled elements (float64)."""
 
     value: Any
-    base: Optional[Any] = None  # LoRA: the base weight W (``value`` is W + s·B@A)
-    bound: Optional[Any] = None  # LoRA: a rounding bound of the merge per element
+    base: Any | None = None  # LoRA: the base weight W (``value`` is W + s·B@A)
+    bound: Any | None = None  # LoRA: a rounding bound of the merge per element
     local: bool = False  # only this rank's shard (a DTensor): tells a change, not the values
     merged_in_place: bool = False  # PEFT merged the adapter into ``base_layer`` itself
 
@@ -43,7 +43,7 @@ def engine_built(engine: EngineRecord) -> None:
     if model is None or not hasattr(model, "named_parameters"):
         LEDGER.warn_once("W-no-model", "checks W1/W2 unavailable: vLLM's model is not in this process")
         return
-    candidates: Dict[str, List[Tuple[str, Any]]] = {}
+    candidates: dict[str, list[tuple[str, Any]]] = {}
     for name, param in model.named_parameters():
         if param.dim() == 2 and name.endswith(WATCHED) and _layer_number(name) >= 0:
             candidates.setdefault(name.split(".layers.")[-1].split(".", 1)[1], []).append((name, param))
@@ -78,7 +78,7 @@ def _module_of(trainer: Any, name: str) -> Any:
         return None
 
 
-def expected(trainer: Any, watch: Watch) -> Optional[Expected]:
+def expected(trainer: Any, watch: Watch) -> Expected | None:
     """The trainer's value of a watched matrix at its sampled elements, float64 (None: unknown).
 
     Computed here, not with ``_helpers.vllm_sync.merge``: an oracle must not reuse the code it checks."""
@@ -132,7 +132,7 @@ def _ulp(dtype: Any) -> float:
     return float(torch.finfo(dtype).eps) if dtype.is_floating_point else 0.0
 
 
-def compare_sent(watch: Watch, sent: Any, dtype: Any, wanted: Expected) -> Optional[Finding]:
+def compare_sent(watch: Watch, sent: Any, dtype: Any, wanted: Expected) -> Finding | None:
     """W1 (c)/(d) on one sent matrix: None if it is what the trainer holds."""
     value = wanted.value
     if wanted.base is None or wanted.bound is None:  # a plain parameter: exactly what the trainer holds, in the sent dtype

@@ -36,7 +36,7 @@ it here (a ``load_weights`` inside an engine call).
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any
 
 from trl_compat._engine import guarded
 from trl_compat.guard._engines import EngineRecord, Finding, Sync, Watch, Weights
@@ -51,7 +51,7 @@ __all__ = ["Watch", "after_sync", "audit_sync", "before_generate", "engine_built
 # -- W1: the sync ------------------------------------------------------------------------------------------
 
 
-def audit_sync(engine: EngineRecord, trainer: Any, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
+def audit_sync(engine: EngineRecord, trainer: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Called with ``load_weights``' arguments before vLLM sees them (``trainer``: the one syncing,
     None if unknown); returns them, the iterable wrapped so that each (name, tensor) is recorded as
     vLLM takes it."""
@@ -160,7 +160,7 @@ def _close(state: Weights) -> None:
         _fire_content(run, sync, finding)
 
 
-def _fire_content(run: Optional[Run], sync: Sync, finding: Finding) -> None:
+def _fire_content(run: Run | None, sync: Sync, finding: Finding) -> None:
     name, frac, kind = finding.name, finding.frac, finding.kind
     figures = {"sync_step": sync.step, "tensor": name, "kind": kind, "frac": round(frac, 4), "max_abs_diff": finding.max}
     if kind == "unmerged":
@@ -211,7 +211,7 @@ def before_generate(engine: EngineRecord, trainer: Any) -> None:
     _check_engine(state, run, step)
 
 
-def _no_sync(state: Weights, run: Optional[Run], trainer: Any, step: int) -> None:
+def _no_sync(state: Weights, run: Run | None, trainer: Any, step: int) -> None:
     moved = [n for n, w in state.watches.items() if _changed(trainer, w)]
     if not moved:
         return
@@ -232,12 +232,12 @@ def _no_sync(state: Weights, run: Optional[Run], trainer: Any, step: int) -> Non
         state.watches[name].trainer_last = now.value if now is not None else None
 
 
-def _check_engine(state: Weights, run: Optional[Run], step: int) -> None:
+def _check_engine(state: Weights, run: Run | None, step: int) -> None:
     verifiable = [w for w in state.watches.values() if w.verified is not False]
     if not verifiable:
         LEDGER.warn_once("W2-unavailable", "W2 unavailable: vLLM stores every watched matrix transformed")
         return
-    worst: Optional[Tuple[float, Watch, Any, Any]] = None
+    worst: tuple[float, Watch, Any, Any] | None = None
     for watch in verifiable:
         reference = watch.last if watch.last is not None else watch.checkpoint
         held = watch.engine_values(state.params[watch.name])

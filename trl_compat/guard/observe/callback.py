@@ -17,7 +17,7 @@ import functools
 import statistics
 import sys
 import weakref
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from trl_compat._engine import guarded
 from trl_compat.guard._ledger import LEDGER, error_for
@@ -35,7 +35,7 @@ def _guarded_args(args: Any) -> bool:
     return bool(getattr(args, "use_vllm", False)) and type(args).__name__.startswith("GRPOConfig")
 
 
-def metrics(figures: Dict[str, List[float]]) -> Dict[str, float]:
+def metrics(figures: dict[str, list[float]]) -> dict[str, float]:
     out = {PREFIX + "alarm": float(bool(figures.get("alarm")))}
     for name, values in figures.items():
         if name == "alarm" or not values:
@@ -57,7 +57,7 @@ def _any_rank(flag: bool, args: Any) -> bool:
     return bool(value.item())
 
 
-def _run_of(callback: Any) -> Optional[Run]:
+def _run_of(callback: Any) -> Run | None:
     ref = getattr(callback, RUN, None)
     return ref() if ref is not None else None
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable
 
 from trl_compat._engine import guarded
 from trl_compat.guard._engines import EngineRecord
@@ -64,7 +64,7 @@ def instrument(client: Any) -> None:
     )
 
 
-def _signature(cls: type, name: str) -> Optional[inspect.Signature]:
+def _signature(cls: type, name: str) -> inspect.Signature | None:
     try:
         return inspect.signature(getattr(cls, name))
     except (AttributeError, TypeError, ValueError):
@@ -81,9 +81,9 @@ def _sync_hook(engine: EngineRecord, call: Callable[..., Any]) -> Callable[..., 
     return update_named_param
 
 
-def _generate_hook(engine: EngineRecord, signature: Optional[inspect.Signature], call: Callable[..., Any]) -> Callable[..., Any]:
+def _generate_hook(engine: EngineRecord, signature: inspect.Signature | None, call: Callable[..., Any]) -> Callable[..., Any]:
     def generate(*args: Any, **kwargs: Any) -> Any:
-        run: Optional[Run] = None
+        run: Run | None = None
         with guarded(GUARD_ID, "checking the server before generate", fallback="this generation is not checked", logger=log):
             run = trainers.generating(engine)
             engine_calls.before_generate(engine, run)
@@ -96,13 +96,13 @@ def _generate_hook(engine: EngineRecord, signature: Optional[inspect.Signature],
     return generate
 
 
-def _token_logprobs(values: Any, ids: Tuple[int, ...], token_ids: Any = None) -> Optional[Tuple[float, ...]]:
+def _token_logprobs(values: Any, ids: tuple[int, ...], token_ids: Any = None) -> tuple[float, ...] | None:
     """The sampled tokens' log-probs: one number per token (TRL 0.23 - 0.28), or per token a
     rank-sorted list with ``logprob_token_ids`` beside it (0.29+), where the sampled token's entry is
     the one with its id (the first only when nothing else was asked for)."""
     if not isinstance(values, list) or len(values) != len(ids):
         return None
-    out: List[float] = []
+    out: list[float] = []
     for position, value in enumerate(values):
         if isinstance(value, list):
             ranked = token_ids[position] if isinstance(token_ids, list) and position < len(token_ids) else None
@@ -114,7 +114,7 @@ def _token_logprobs(values: Any, ids: Tuple[int, ...], token_ids: Any = None) ->
     return tuple(out)
 
 
-def record(run: Run, arguments: Dict[str, Any], result: Any) -> None:
+def record(run: Run, arguments: dict[str, Any], result: Any) -> None:
     """Keep each completion the server returned for matching with the loss's rows."""
     prompts = list(arguments.get("prompts") or arguments.get("messages") or [])
     n = int(arguments.get("n") or 1)

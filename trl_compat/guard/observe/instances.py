@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable
 
 from trl_compat.guard._mode import active
 
 _lock = threading.Lock()
-_set: "weakref.WeakKeyDictionary[Any, List[str]]" = weakref.WeakKeyDictionary()
-_undo: List[Callable[[], None]] = []
+_set: weakref.WeakKeyDictionary[Any, list[str]] = weakref.WeakKeyDictionary()
+_undo: list[Callable[[], None]] = []
 MARK = "__trl_compat_guard__"
 
 
@@ -63,7 +63,7 @@ def on_undo(undo: Callable[[], None]) -> None:
 
 def undo_all() -> None:
     with _lock:
-        items: Dict[Any, List[str]] = dict(_set.items())
+        items: dict[Any, list[str]] = dict(_set.items())
         _set.clear()
         undos, _undo[:] = list(_undo), []
     for obj, names in items.items():

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from trl_compat._engine import guarded
 from trl_compat._helpers import logps_calls
@@ -68,7 +68,7 @@ def _method_hook(trainer: Any, run: Run, signature: inspect.Signature, caller: A
 def _nested_hook(trainer: Any, run: Run, caller: Any) -> None:
     ref = weakref.ref(trainer)
 
-    def pre(module: Any, args: tuple, kwargs: Dict[str, Any]) -> None:
+    def pre(module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
         owner = ref()
         if owner is None or not active() or not run.generations:
             return None
@@ -87,7 +87,7 @@ def _nested_hook(trainer: Any, run: Run, caller: Any) -> None:
         instances.on_undo(handle.remove)
 
 
-def tokens(trainer: Any) -> Tuple[Optional[int], Optional[int], Any]:
+def tokens(trainer: Any) -> tuple[int | None, int | None, Any]:
     """(pad id, eos id, tokenizer) of the trainer's processing class."""
     processing = getattr(trainer, "processing_class", None) or getattr(trainer, "tokenizer", None)
     tokenizer = getattr(processing, "tokenizer", processing)
@@ -95,13 +95,13 @@ def tokens(trainer: Any) -> Tuple[Optional[int], Optional[int], Any]:
 
 
 def split_rows(
-    input_ids: Any, attention_mask: Any, keep: int, pad: Optional[int], eos: Optional[int]
-) -> List[Tuple[List[int], Tuple[int, ...]]]:
+    input_ids: Any, attention_mask: Any, keep: int, pad: int | None, eos: int | None
+) -> list[tuple[list[int], tuple[int, ...]]]:
     """Each row's (prompt ids, completion ids) as the loss sees them: masked positions dropped; with
     no mask (TRL 0.14), the prompt's left padding and everything after the completion's EOS."""
     ids = input_ids.tolist()
     mask = attention_mask.tolist() if attention_mask is not None else None
-    rows: List[Tuple[List[int], Tuple[int, ...]]] = []
+    rows: list[tuple[list[int], tuple[int, ...]]] = []
     for index, row in enumerate(ids):
         prompt, completion = row[:-keep], row[-keep:]
         if mask is not None:
@@ -125,7 +125,7 @@ def observe(run: Run, trainer: Any, caller: Any, model: Any, input_ids: Any, att
     step = run.step
     pad, eos, tokenizer = tokens(trainer)
     store = run.pending
-    matched: List[Tuple[int, List[int], Sampled]] = []
+    matched: list[tuple[int, list[int], Sampled]] = []
     for index, (prompt, completion) in enumerate(split_rows(input_ids, attention_mask, keep, pad, eos)):
         sampled = store.find(completion)
         if sampled is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import weakref
 from types import FrameType
-from typing import Any, Optional
+from typing import Any
 
 from trl_compat.guard._engines import EngineRecord
 from trl_compat.guard._run import Run, global_step, known_run, run_of
@@ -29,9 +29,9 @@ def _is_grpo_trainer(obj: Any) -> bool:
     return any(klass.__name__ == "GRPOTrainer" and klass.__module__.startswith("trl.") for klass in type(obj).__mro__)
 
 
-def calling_trainer() -> Optional[Any]:
+def calling_trainer() -> Any | None:
     """The GRPO trainer whose code is on the stack (None: the call comes from elsewhere)."""
-    frame: Optional[FrameType] = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(_MAX_DEPTH):
         if frame is None:
             return None
@@ -53,7 +53,7 @@ def adopt(trainer: Any) -> Run:
     return run
 
 
-def generating(engine: EngineRecord) -> Optional[Run]:
+def generating(engine: EngineRecord) -> Run | None:
     """At a generate call: the run of the GRPO trainer on the stack, adopted and kept as the
     engine's (None: a generation of the user's own, eval scripts and the like)."""
     trainer = calling_trainer()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable
 
 from trl_compat._engine import guarded
 from trl_compat.guard._engines import EngineRecord
@@ -41,13 +41,13 @@ def _engine_model(llm: Any) -> Any:
     return None
 
 
-def _logprobs_mode(llm: Any) -> Optional[str]:
+def _logprobs_mode(llm: Any) -> str | None:
     config = getattr(getattr(llm, "llm_engine", None), "model_config", None)
     mode = getattr(config, "logprobs_mode", None) or getattr(llm, "logprobs_mode", None)
     return str(getattr(mode, "value", mode)) if mode is not None else None
 
 
-def _prefix_caching(llm: Any, arguments: Dict[str, Any]) -> Optional[bool]:
+def _prefix_caching(llm: Any, arguments: dict[str, Any]) -> bool | None:
     if "enable_prefix_caching" in arguments.get("kwargs", {}):
         return bool(arguments["kwargs"]["enable_prefix_caching"])
     engine = getattr(llm, "llm_engine", None)
@@ -65,7 +65,7 @@ def instrument_class(module: Any, patcher: Any) -> None:
 
 def _init_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     try:
-        signature: Optional[inspect.Signature] = inspect.signature(original)
+        signature: inspect.Signature | None = inspect.signature(original)
     except (TypeError, ValueError):
         signature = None
 
@@ -79,7 +79,7 @@ def _init_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     return __init__
 
 
-def _bind(signature: Optional[inspect.Signature], args: tuple, kwargs: Dict[str, Any]) -> Dict[str, Any]:
+def _bind(signature: inspect.Signature | None, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
     if signature is None:
         return {}
     try:
@@ -88,7 +88,7 @@ def _bind(signature: Optional[inspect.Signature], args: tuple, kwargs: Dict[str,
         return {}
 
 
-def instrument(llm: Any, prefix_caching: Optional[bool]) -> Optional[EngineRecord]:
+def instrument(llm: Any, prefix_caching: bool | None) -> EngineRecord | None:
     """Hook one engine (once; a subclass's ``__init__`` calling its base's reaches here twice)."""
     if instances.instrumented(llm):
         return None
@@ -144,8 +144,8 @@ def _sync_hook(engine: EngineRecord, call: Callable[..., Any]) -> Callable[..., 
 
 def _generate_hook(engine: EngineRecord, name: str, call: Callable[..., Any]) -> Callable[..., Any]:
     def generate(*args: Any, **kwargs: Any) -> Any:
-        run: Optional[Run] = None
-        restore: Optional[Callable[[], None]] = None
+        run: Run | None = None
+        restore: Callable[[], None] | None = None
         with guarded(GUARD_ID, "checking vLLM before generate", fallback="this generation is not checked", logger=log):
             run = trainers.generating(engine)
             if run is not None:
@@ -167,12 +167,12 @@ def _generate_hook(engine: EngineRecord, name: str, call: Callable[..., Any]) ->
     return generate
 
 
-def ask_for_logprobs(args: tuple, kwargs: dict) -> Optional[Callable[[], None]]:
+def ask_for_logprobs(args: tuple, kwargs: dict) -> Callable[[], None] | None:
     """Where a GRPO trainer's generate call did not ask vLLM for log-probs (TRL 0.14 - 0.22), ask
     (``logprobs=0``: no RNG is used for it, sampling is unchanged); returns how to undo it."""
     params = kwargs.get("sampling_params", args[1] if len(args) > 1 else None)
     objects = list(params) if isinstance(params, (list, tuple)) else [params]
-    changed: List[Any] = []
+    changed: list[Any] = []
     for obj in objects:
         if obj is None or isinstance(obj, dict) or not hasattr(obj, "logprobs") or obj.logprobs is not None:
             continue
@@ -190,7 +190,7 @@ def ask_for_logprobs(args: tuple, kwargs: dict) -> Optional[Callable[[], None]]:
     return restore
 
 
-def _params_per_request(args: tuple, kwargs: dict, count: int) -> List[Any]:
+def _params_per_request(args: tuple, kwargs: dict, count: int) -> list[Any]:
     params = kwargs.get("sampling_params", args[1] if len(args) > 1 else None)
     if isinstance(params, (list, tuple)):
         return list(params)
@@ -203,7 +203,7 @@ def new_call(run: Run) -> int:
     return LEDGER.new_generation()
 
 
-def record_outputs(engine: Optional[EngineRecord], run: Run, outputs: Any, args: tuple, kwargs: Dict[str, Any]) -> None:
+def record_outputs(engine: EngineRecord | None, run: Run, outputs: Any, args: tuple, kwargs: dict[str, Any]) -> None:
     """Keep each completion of a generate call for matching with the loss's rows."""
     if not isinstance(outputs, (list, tuple)):
         return
