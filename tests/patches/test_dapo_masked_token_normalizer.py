@@ -46,7 +46,12 @@ def _run(tmp_path, mask_truncated=True):
     import grpo_run
 
     trainer = grpo_run.make_trainer(
-        tmp_path, steps=1, loss_type="dapo", mask_truncated_completions=mask_truncated, gradient_accumulation_steps=1, steps_per_generation=1
+        tmp_path,
+        steps=1,
+        loss_type="dapo",
+        mask_truncated_completions=mask_truncated,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
     )
     fixed_completions.install(trainer)
     eos = trainer.processing_class.eos_token_id
@@ -157,7 +162,9 @@ def _module(cls):
     return type("M", (), {"GRPOTrainer": cls})
 
 
-@pytest.mark.parametrize("cls, needed", [(_Counted022, True), (_Counted024, True), (_Fixed, False), (_OtherCount, None), (_NoGenerate, None)])
+@pytest.mark.parametrize(
+    "cls, needed", [(_Counted022, True), (_Counted024, True), (_Fixed, False), (_OtherCount, None), (_NoGenerate, None)]
+)
 def test_probe_on_written_code(cls, needed):
     assert dmt.probe(_module(cls)).needed is needed
 

@@ -190,7 +190,12 @@ APPLIED = {
     "trl0.27.1-tf5.1.0": {"dapo-generation-batch-normalizer", "dapo-masked-token-normalizer", "transformers5-warnings-issued"},
     "trl0.28.0-tf4.57.6": {"dapo-generation-batch-normalizer", "dapo-masked-token-normalizer", "vllm-sleep-mode-weights"},
     # transformers 5: TRL 0.28 takes tools=[...]
-    "trl0.28.0-tf5.2.0": {"dapo-generation-batch-normalizer", "dapo-masked-token-normalizer", "tools-colocate-llm-attr", "vllm-sleep-mode-weights"},
+    "trl0.28.0-tf5.2.0": {
+        "dapo-generation-batch-normalizer",
+        "dapo-masked-token-normalizer",
+        "tools-colocate-llm-attr",
+        "vllm-sleep-mode-weights",
+    },
     "trl0.29.1-tf4.57.6": {"dapo-generation-batch-normalizer", "dapo-masked-token-normalizer", "vllm-sleep-mode-weights"},
     "trl-newest": set(),
     # the real-vLLM cell (matrix/vllm_cpu/): one venv (transformers 4.51.3, peft 0.15.2, no deepspeed),
