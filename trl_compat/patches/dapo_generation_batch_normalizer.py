@@ -14,9 +14,8 @@ same normaliser.
 Upstream: the branch reads ``elif self.loss_type == "dapo":`` (0.22 - 0.25), ``in ["cispo",
 "dapo"]`` (0.26 - 0.29), ``in ["cispo", "dapo", "vespo"]`` (1.x), always with ``normalizer =
 inputs["num_items_in_batch"] / self.accelerator.num_processes`` (1.9.0: ``...].clamp(min=1.0) /
-...``). The 1.9.1 release (PR #6024, first seen in the 1.9.1 wheel; the mirror's newest tag is
-1.9.0) adds ``if mode == "train": normalizer = normalizer * self.current_gradient_accumulation_steps
-/ self.args.steps_per_generation``.
+...``). PR #6024 (in the 1.9.1 release, not in the v1.9.0 tag) adds ``if mode == "train":
+normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation``.
 
 Probe: ``GRPOTrainer._compute_loss`` divides by ``inputs["num_items_in_batch"]`` without
 ``self.args.steps_per_generation`` in the method: "needed". The 1.9.1 rescale gives "not needed".
