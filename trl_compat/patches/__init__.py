@@ -823,6 +823,47 @@ PATCHES = [
         },
         remove_when="trl_compat no longer supports DeepSpeed 0.19.2",
     ),
+    # DAPO normaliser (TRL 0.22 - 1.9.0): dapo-masked-token-normalizer recounts num_items_in_batch as
+    # _generate_and_score_completions returns it; dapo-generation-batch-normalizer rescales it per accumulation window
+    # inside _compute_loss. Distinct attributes: each fix holds without the other.
+    Patch(
+        id="dapo-generation-batch-normalizer",
+        summary="dapo/cispo/vespo loss: rescale the generation batch's token count to one accumulation window, as TRL 1.9.1",
+        symptom="silent: steps_per_generation != gradient_accumulation_steps scales each step's loss by GA / steps_per_generation",
+        upstream="https://github.com/huggingface/trl/issues/5619 (fixed by PR #6024 in 1.9.1; Liger loss: PR #5890)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer._compute_loss",
+        changes=("GRPOTrainer._compute_loss",),
+        # introduced by PR #3938 (2324245ca, 0.22.0.dev0); 1.9.1 is the first release with the rescale (wheel only).
+        requires={"trl": affected("0.22.0", "1.9.1")},
+        witnesses={
+            "trl": {
+                "inside": ["0.22.0", "0.24.0", "0.29.1", "1.0.0", "1.4.0", "1.9.0", "1.9.1.dev0"],
+                "outside": ["0.21.0", "1.9.1", "1.16.0"],
+            }
+        },
+        impl="trl_compat.patches.dapo_generation_batch_normalizer",
+        remove_when="TRL < 1.9.1 is no longer supported",
+    ),
+    Patch(
+        id="dapo-masked-token-normalizer",
+        summary="dapo/cispo/vespo loss: count num_items_in_batch over the loss mask (after mask_truncated_completions), as TRL 1.9.0",
+        symptom="silent: mask_truncated_completions: the loss is also divided by the truncated completions' tokens: smaller gradients",
+        upstream="https://github.com/huggingface/trl/pull/6439 (fixed in 1.9.0)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer._generate_and_score_completions",
+        changes=("GRPOTrainer._generate_and_score_completions",),
+        # introduced by PR #3938 (2324245ca, 0.22.0.dev0); main fixed it in 7c1fa85ad (1.9.0.dev0), read by the probe.
+        requires={"trl": affected("0.22.0", "1.9.0")},
+        witnesses={
+            "trl": {
+                "inside": ["0.22.0", "0.24.0", "0.29.1", "1.0.0", "1.4.0", "1.8.0", "1.9.0.dev0"],
+                "outside": ["0.21.0", "1.9.0", "1.16.0"],
+            }
+        },
+        impl="trl_compat.patches.dapo_masked_token_normalizer",
+        remove_when="TRL < 1.9.0 is no longer supported",
+    ),
 ]
 
 
