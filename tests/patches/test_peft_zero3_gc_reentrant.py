@@ -29,7 +29,9 @@ AFFECTED = (
     and importlib.util.find_spec("deepspeed") is not None
     and Version("0.27.0") <= TRL < Version("1.9.0")
 )
-needs_affected = pytest.mark.skipif(not AFFECTED, reason=f"only TRL 0.27.0 - 1.8.x with DeepSpeed and peft (here trl {TRL}, deepspeed {DS})")
+needs_affected = pytest.mark.skipif(
+    not AFFECTED, reason=f"only TRL 0.27.0 - 1.8.x with DeepSpeed and peft (here trl {TRL}, deepspeed {DS})"
+)
 needs_trl = pytest.mark.skipif(TRL is None, reason="needs trl")
 
 
@@ -55,7 +57,9 @@ def _module(tmp_path, init_body):
     import textwrap
 
     path = tmp_path / "fake_grpo.py"
-    path.write_text("class GRPOTrainer:\n    def __init__(self, model, args, peft_config=None):\n" + textwrap.indent(init_body, " " * 8) + "\n")
+    path.write_text(
+        "class GRPOTrainer:\n    def __init__(self, model, args, peft_config=None):\n" + textwrap.indent(init_body, " " * 8) + "\n"
+    )
     spec = importlib.util.spec_from_file_location("fake_grpo", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

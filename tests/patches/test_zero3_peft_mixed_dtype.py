@@ -33,7 +33,9 @@ needs_affected = pytest.mark.skipif(
     not AFFECTED, reason=f"only DeepSpeed 0.19.2 with peft >= 0.12 (here trl {TRL}, deepspeed {DS}, peft {PEFT})"
 )
 # TRL >= 1.7 passes autocast_adapter_dtype=False itself for the peft_config it wraps: only a PeftModel passed in fails
-needs_peft_config_bug = pytest.mark.skipif(TRL is None or TRL >= Version("1.7.0"), reason=f"TRL {TRL} >= 1.7 fixed the peft_config path")
+needs_peft_config_bug = pytest.mark.skipif(
+    TRL is None or TRL >= Version("1.7.0"), reason=f"TRL {TRL} >= 1.7 fixed the peft_config path"
+)
 needs_peft_trl = pytest.mark.skipif(TRL is None or PEFT is None, reason="needs trl and peft")
 
 
@@ -145,7 +147,9 @@ def test_peft_model_adapters_cast_only_under_zero3(monkeypatch, caplog, zero3):
     import tiny
 
     monkeypatch.setattr(patch, "_zero3_enabled", lambda: zero3)
-    model = get_peft_model(tiny.make_model("qwen2").to(torch.bfloat16), LoraConfig(r=4, target_modules=["q_proj"], task_type="CAUSAL_LM"))
+    model = get_peft_model(
+        tiny.make_model("qwen2").to(torch.bfloat16), LoraConfig(r=4, target_modules=["q_proj"], task_type="CAUSAL_LM")
+    )
     lora = {n: p for n, p in model.named_parameters() if "lora_" in n}
     assert {p.dtype for p in lora.values()} == {torch.float32}  # peft's autocast_adapter_dtype default
     values = {n: p.detach().clone() for n, p in lora.items()}

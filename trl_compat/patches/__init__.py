@@ -844,7 +844,8 @@ PATCHES = [
         "a PeftModel passed in has its fp32 adapters cast to it",
         symptom="TypeError: output tensor must have the same type as input tensor (first optimizer step, _allgather_params_coalesced)",
         upstream=(
-            "https://github.com/huggingface/trl/issues/6089, https://github.com/huggingface/trl/pull/6091 (fixed in TRL 1.7.0); "
+            "https://github.com/huggingface/trl/issues/6089, https://github.com/huggingface/trl/pull/6091 (TRL 1.7.0 passes "
+            "autocast_adapter_dtype=False for peft_config; a PeftModel passed in: never fixed in TRL); "
             "https://github.com/deepspeedai/DeepSpeed/issues/8072 (fixed in DeepSpeed 0.19.3 by PRs #8073, #8113)"
         ),
         trigger=GRPO_MODULE,
