@@ -179,8 +179,8 @@ APPLIED = {
     "trl0.28.0-tf5.2.0": {"tools-colocate-llm-attr", "vllm-sleep-mode-weights"},
     "trl0.29.1-tf4.57.6": {"vllm-sleep-mode-weights"},
     # TRL 1.x: stand-in vLLM 0.17.1 / 0.18.0 / 0.25.1 / 0.26.0 / 0.28.0; DeepSpeed 0.19.2 / 0.19.1 / 0.19.3 / - / -
-    "trl1.0.0-tf4.57.6-ds0.19.2": {"vllm-sleep-mode-weights", "zero3-peft-mixed-dtype"},
-    "trl1.4.0-tf5.5.4-ds0.19.1": {"vllm-sleep-mode-weights"},
+    "trl1.0.0-tf4.57.6-ds0.19.2": {"vllm-sleep-mode-weights", "zero3-peft-mixed-dtype", "peft-zero3-gc-reentrant"},
+    "trl1.4.0-tf5.5.4-ds0.19.1": {"vllm-sleep-mode-weights", "peft-zero3-gc-reentrant"},
     "trl1.9.2-tf5.14.1-ds0.19.3": {"vllm-sleep-mode-weights"},
     "trl1.10.0-tf5.14.1": set(),
     "trl1.12.0-tf5.16.1": set(),
