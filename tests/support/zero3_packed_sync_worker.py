@@ -8,15 +8,17 @@ fed by ``VLLMGeneration._iter_named_params``, which for a non-PEFT ZeRO-3 model 
 ``param.data`` inside ``GatheredParameters([param])`` and leaves that gather at the next ``next()``.
 vLLM's producer keeps a *view* of each yielded tensor (``.view(torch.uint8).view(-1)``) in a list
 until its bucket is full, and only then ``torch.cat``s them: by then the earlier parameters have been
-released. :func:`packed_consume` is that producer without the broadcast. The worker runs TRL's real
+released. :func:`pack_chunks` is that producer without the broadcast. The worker runs TRL's real
 ``_iter_named_params`` (and ``DistributedBackend``) on a tiny Qwen2 whose every parameter is
 partitioned (``stage3_param_persistence_threshold`` 0), with and without LoRA, and compares the
 packed bytes with the same parameters gathered all at once and copied. A control overwrites each
 gathered storage when its gather is left, as a release that reused the memory would: the comparison
 then fails. One line per observation (``Z3|{json}``):
 
-* ``packed``: per variant (``plain``, ``peft``, ``control``): the packed byte count, the expected one,
-  whether the bytes are equal, the released parameters' local sizes after the walk.
+* ``packed``: per variant (``plain``, ``peft`` with 4 KiB buckets, ``plain-default-bucket``,
+  ``peft-default-bucket`` with vLLM's 1 GiB, ``control``): the tensors and chunks packed, the names
+  whose bytes differ from the whole-model gather (and how many in the last chunk), the LoRA-targeted
+  names in the last chunk, the parameters' local sizes after the walk.
 """
 
 import sys
@@ -29,6 +31,7 @@ DS_CONFIG = {
     "train_micro_batch_size_per_gpu": 1,
     "zero_allow_untested_optimizer": True,
 }
+DEFAULT_BUCKET_BYTES = 1024**3  # vLLM's DEFAULT_PACKED_BUFFER_SIZE_BYTES
 BUCKET_BYTES = 4096  # vLLM's default is 1 GiB: small here so that every bucket spans several released parameters
 
 
@@ -75,8 +78,7 @@ def main():
     accelerator = SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=3), fsdp_plugin=None))
 
     def engine(peft):
-        with deepspeed.zero.Init(config_dict_or_path=DS_CONFIG):
-            model = tiny.make_model("qwen2")
+        model = tiny.make_model("qwen2")  # deepspeed.initialize partitions it (ZeRO-Init would skip transformers' init)
         if peft:
             # lora_B random, not zero: merging changes the weights, as it does after any training step
             config = LoraConfig(r=4, target_modules=list(grpo_run.LORA_TARGETS), task_type="CAUSAL_LM", init_lora_weights=False)
@@ -94,9 +96,9 @@ def main():
         with deepspeed.zero.GatheredParameters(list(gen.model.parameters())):
             return {n: t.detach().clone().view(torch.uint8).view(-1) for n, t in VLLMGeneration._iter_named_params(_whole(gen))}
 
-    def observe(variant, gen, walk):
+    def observe(variant, gen, walk, bucket_bytes=BUCKET_BYTES):
         want = expected(gen)
-        chunks = pack_chunks(walk(gen), lambda item: item[1])
+        chunks = pack_chunks(walk(gen), lambda item: item[1], bucket_bytes)
         got = {}
         for names, packed in chunks:
             offset = 0
@@ -122,7 +124,11 @@ def main():
 
     plain = generation(engine(peft=False))
     observe("plain", plain, VLLMGeneration._iter_named_params)
-    observe("peft", generation(engine(peft=True)), VLLMGeneration._iter_named_params)
+    peft = generation(engine(peft=True))
+    observe("peft", peft, VLLMGeneration._iter_named_params)
+    # vLLM's default bucket (1 GiB): the whole tiny model is one chunk, packed after the walk has ended
+    observe("peft-default-bucket", peft, VLLMGeneration._iter_named_params, DEFAULT_BUCKET_BYTES)
+    observe("plain-default-bucket", plain, VLLMGeneration._iter_named_params, DEFAULT_BUCKET_BYTES)
     observe("control", plain, _overwritten_on_release)
     finish()
 
