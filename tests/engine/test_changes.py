@@ -179,6 +179,8 @@ def test_the_grpo_trainer_init_patches_stack_in_registry_order():
         "vllm-sleep-mode-weights",
         "prompt-right-truncation",
         "scale-rewards-swapped",
+        "zero3-peft-mixed-dtype",
+        "peft-zero3-gc-reentrant",
     ]
     assert derived == declaring
     assert [pid for pid in (p.id for p in engine.registry()) if pid in derived] == derived

@@ -77,6 +77,8 @@ def test_the_init_patches_declare_it():
         "vllm-sleep-mode-weights",  # registers the colocated engine after TRL built it (TRL 0.25+)
         "prompt-right-truncation",
         "scale-rewards-swapped",
+        "zero3-peft-mixed-dtype",  # casts a PeftModel's fp32 adapters before TRL's __init__ (DeepSpeed 0.19.2)
+        "peft-zero3-gc-reentrant",  # sets use_reentrant before TRL's __init__ reads the config
     ]
 
 

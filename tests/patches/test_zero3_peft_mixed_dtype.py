@@ -26,12 +26,15 @@ AFFECTED = (
     and DS is not None
     and PEFT is not None
     and importlib.util.find_spec("deepspeed") is not None
-    and TRL < Version("1.7.0")
     and Version("0.19.2") <= DS < Version("0.19.3")
     and PEFT >= Version("0.12.0")
 )
 needs_affected = pytest.mark.skipif(
-    not AFFECTED, reason=f"only DeepSpeed 0.19.2 with peft >= 0.12 and trl < 1.7 (here trl {TRL}, deepspeed {DS}, peft {PEFT})"
+    not AFFECTED, reason=f"only DeepSpeed 0.19.2 with peft >= 0.12 (here trl {TRL}, deepspeed {DS}, peft {PEFT})"
+)
+# TRL >= 1.7 passes autocast_adapter_dtype=False itself for the peft_config it wraps: only a PeftModel passed in fails
+needs_peft_config_bug = pytest.mark.skipif(
+    TRL is None or TRL >= Version("1.7.0"), reason=f"TRL {TRL} >= 1.7 fixed the peft_config path"
 )
 needs_peft_trl = pytest.mark.skipif(TRL is None or PEFT is None, reason="needs trl and peft")
 
@@ -46,13 +49,15 @@ def test_probe_on_installed_trl():
     import trl.trainer.grpo_trainer as gt
 
     verdict = patch.probe(gt)
+    owner, where = patch.call_site(gt)
     if TRL < Version("1.7.0.dev0"):
         assert verdict.needed is True and "without autocast_adapter_dtype" in verdict.reason, verdict
-        owner, where = patch.call_site(gt)
         via_prepare = Version("0.22.0") <= TRL < Version("0.26.0")
         assert where == ("trl.models.utils.prepare_peft_model" if via_prepare else "GRPOTrainer.__init__"), where
-    else:
-        assert verdict.needed is False, verdict
+        assert not patch.call_site_sets_kwarg(gt, owner, where)
+    else:  # the peft_config path fixed (TRL #6091), a PeftModel passed in not
+        assert verdict.needed is True and "a model passed as a PeftModel" in verdict.reason, verdict
+        assert patch.call_site_sets_kwarg(gt, owner, where)
 
 
 def _module(tmp_path, init_body):
@@ -79,7 +84,7 @@ def _module(tmp_path, init_body):
         (
             "kwargs = {}\nif args.deepspeed_plugin is not None and args.deepspeed_plugin.zero_stage == 3:\n"
             "    kwargs['autocast_adapter_dtype'] = False\nmodel = get_peft_model(model, peft_config, **kwargs)",
-            False,
+            True,  # a PeftModel passed in is still cast by nobody
         ),
         ("self.model = model", None),
     ],
@@ -130,6 +135,37 @@ def model_dir(tmp_path_factory):
 
 
 @needs_affected
+@pytest.mark.parametrize("zero3", [True, False])
+def test_peft_model_adapters_cast_only_under_zero3(monkeypatch, caplog, zero3):
+    import logging
+
+    from trl_compat.patches import zero3_peft_mixed_dtype as patch
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    import tiny
+
+    monkeypatch.setattr(patch, "_zero3_enabled", lambda: zero3)
+    model = get_peft_model(
+        tiny.make_model("qwen2").to(torch.bfloat16), LoraConfig(r=4, target_modules=["q_proj"], task_type="CAUSAL_LM")
+    )
+    lora = {n: p for n, p in model.named_parameters() if "lora_" in n}
+    assert {p.dtype for p in lora.values()} == {torch.float32}  # peft's autocast_adapter_dtype default
+    values = {n: p.detach().clone() for n, p in lora.items()}
+    with caplog.at_level(logging.WARNING, logger=patch.__name__):
+        patch._before_init(None, {"model": model, "args": None})
+    lora = {n: p for n, p in model.named_parameters() if "lora_" in n}
+    if zero3:
+        assert {p.dtype for p in lora.values()} == {torch.bfloat16}
+        assert all(torch.equal(lora[n].float(), values[n].to(torch.bfloat16).float()) for n in lora)
+        assert all(p.requires_grad for p in lora.values()) and "4 fp32 adapter parameters" in caplog.text, caplog.text
+    else:
+        assert {p.dtype for p in lora.values()} == {torch.float32} and not caplog.text
+
+
+@needs_affected
+@needs_peft_config_bug
 def test_first_step_fails_without_patch(model_dir, tmp_path):
     run = launch_two("zero3_lora_worker.py", model_dir, tmp_path / "out", marker="Z3|", disable=PATCH_ID)
     assert run.returncode != 0 and not run.of("done"), run.tail()
@@ -144,8 +180,9 @@ def test_first_step_fails_without_patch(model_dir, tmp_path):
 
 
 @needs_affected
-def test_lora_trains_with_patch(model_dir, tmp_path):
-    run = launch_two("zero3_lora_worker.py", model_dir, tmp_path / "out", marker="Z3|")
+@pytest.mark.parametrize("peft_model", [False, True], ids=["peft_config", "peft_model"])
+def test_lora_trains_with_patch(model_dir, tmp_path, peft_model):
+    run = launch_two("zero3_lora_worker.py", model_dir, tmp_path / "out", *(["--peft-model"] if peft_model else []), marker="Z3|")
     assert run.returncode == 0, run.tail()
     assert [e["status"] for e in run.per_rank("versions")] == ["applied", "applied"], run.tail()
     for adapters in run.per_rank("adapters"):
@@ -154,3 +191,14 @@ def test_lora_trains_with_patch(model_dir, tmp_path):
         assert len(train["losses"]) == 2, train
         assert train["changed"] and len(train["changed"]) == train["count"], train  # every LoRA weight trained
     assert GLOO_ERROR not in run.output and TYPE_ERROR not in run.output
+
+
+@needs_affected
+def test_peft_model_fails_without_patch(model_dir, tmp_path):
+    """The path TRL 1.7's fix left: the user's own PeftModel (fp32 adapters on a bf16 model built under ZeRO-Init)."""
+    run = launch_two("zero3_lora_worker.py", model_dir, tmp_path / "out", "--peft-model", marker="Z3|", disable=PATCH_ID)
+    assert run.returncode != 0 and not run.of("done"), run.tail()
+    for adapters in run.per_rank("adapters"):
+        assert adapters["lora"] == ["torch.float32"] and adapters["base"] == ["torch.bfloat16"], adapters
+    assert GLOO_ERROR in run.output and "in _allgather_params_coalesced" in run.output, run.tail()
+    assert not run.of("train"), run.tail()

@@ -201,10 +201,16 @@ APPLIED = {
     "trl1.0.0-tf4.57.6-ds0.19.2": {
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
+        "peft-zero3-gc-reentrant",
         "vllm-sleep-mode-weights",
         "zero3-peft-mixed-dtype",
     },
-    "trl1.4.0-tf5.5.4-ds0.19.1": {"dapo-generation-batch-normalizer", "dapo-masked-token-normalizer", "vllm-sleep-mode-weights"},
+    "trl1.4.0-tf5.5.4-ds0.19.1": {
+        "dapo-generation-batch-normalizer",
+        "dapo-masked-token-normalizer",
+        "peft-zero3-gc-reentrant",
+        "vllm-sleep-mode-weights",
+    },
     "trl1.9.2-tf5.14.1-ds0.19.3": {"vllm-sleep-mode-weights"},
     "trl1.10.0-tf5.14.1": set(),
     "trl1.12.0-tf5.16.1": set(),

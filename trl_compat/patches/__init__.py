@@ -806,18 +806,21 @@ PATCHES = [
     # never applies): where both were installed, this wrapper would sit above it.
     Patch(
         id="zero3-peft-mixed-dtype",
-        summary="ZeRO-3 + LoRA on a bf16 model, DeepSpeed 0.19.2: get_peft_model keeps the adapters in the model's dtype",
+        summary="ZeRO-3 + LoRA on a bf16 model, DeepSpeed 0.19.2: get_peft_model keeps the adapters in the model's dtype; "
+        "a PeftModel passed in has its fp32 adapters cast to it",
         symptom="TypeError: output tensor must have the same type as input tensor (first optimizer step, _allgather_params_coalesced)",
         upstream=(
-            "https://github.com/huggingface/trl/issues/6089, https://github.com/huggingface/trl/pull/6091 (fixed in TRL 1.7.0); "
+            "https://github.com/huggingface/trl/issues/6089, https://github.com/huggingface/trl/pull/6091 (TRL 1.7.0 passes "
+            "autocast_adapter_dtype=False for peft_config; a PeftModel passed in: never fixed in TRL); "
             "https://github.com/deepspeedai/DeepSpeed/issues/8072 (fixed in DeepSpeed 0.19.3 by PRs #8073, #8113)"
         ),
-        fixed_in={"trl": "1.7.0", "deepspeed": "0.19.3"},
+        fixed_in={"deepspeed": "0.19.3"},  # TRL 1.7.0 fixed its peft_config path only
         # TRL 0.14 - 0.21 and 0.26+ call the module's get_peft_model; 0.22 - 0.25 go through trl.models.utils.prepare_peft_model.
-        changes=("get_peft_model", "trl.models.utils:get_peft_model"),
-        requires={"trl": affected("0.14.0", "1.7.0"), "deepspeed": affected("0.19.2", "0.19.3"), "peft": affected("0.12.0")},
+        # TRL 1.7.0 fixed the peft_config path only: a model passed as a PeftModel still crashes (every TRL).
+        changes=("get_peft_model", "trl.models.utils:get_peft_model", "GRPOTrainer.__init__"),
+        requires={"trl": affected("0.14.0"), "deepspeed": affected("0.19.2", "0.19.3"), "peft": affected("0.12.0")},
         witnesses={
-            "trl": {"inside": ["0.14.0", "0.24.0", "0.29.1", "1.6.0", "1.7.0.dev0"], "outside": ["1.7.0", "1.16.0"]},
+            "trl": {"inside": ["0.14.0", "0.24.0", "0.29.1", "1.0.0", "1.6.0", "1.7.0", "1.16.0"], "outside": ["0.13.2"]},
             "deepspeed": {"inside": ["0.19.2", "0.19.3.dev0"], "outside": ["0.19.1", "0.19.3", "0.19.8"]},
             "peft": {"inside": ["0.12.0", "0.17.1", "0.21.2"], "outside": ["0.11.1"]},
         },
@@ -842,7 +845,7 @@ PATCHES = [
                 "outside": ["0.21.0", "1.9.1", "1.16.0"],
             }
         },
-        impl="trl_compat.patches.dapo_generation_batch_normalizer",
+        fixed_in={"trl": "1.9.1"},
         remove_when="TRL < 1.9.1 is no longer supported",
     ),
     Patch(
@@ -861,8 +864,26 @@ PATCHES = [
                 "outside": ["0.21.0", "1.9.0", "1.16.0"],
             }
         },
-        impl="trl_compat.patches.dapo_masked_token_normalizer",
+        fixed_in={"trl": "1.9.0"},
         remove_when="TRL < 1.9.0 is no longer supported",
+    ),
+    Patch(
+        id="peft-zero3-gc-reentrant",
+        summary="PEFT + ZeRO-3 + gradient checkpointing: use_reentrant=True before GRPOTrainer.__init__, as TRL 1.9 does",
+        symptom="torch.utils.checkpoint.CheckpointError: Recomputed values for the following tensors have different metadata "
+        "than during the forward pass (first backward)",
+        upstream=(
+            "https://github.com/huggingface/trl/issues/5217, https://github.com/huggingface/trl/pull/6356 (fixed in 1.9.0); "
+            "https://github.com/huggingface/transformers/issues/47254"
+        ),
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
+        changes=("GRPOTrainer.__init__",),
+        # 0.27.0 (PR #4811) made non-reentrant checkpointing the default of GRPO on transformers < 5 (transformers 5: its own)
+        requires={"trl": affected("0.27.0", "1.9.0"), "peft": ">=0.0.dev0", "deepspeed": ">=0.0.dev0"},
+        witnesses={"trl": {"inside": ["0.27.0", "0.29.1", "1.0.0", "1.8.0", "1.9.0.dev0"], "outside": ["0.26.2", "1.9.0", "1.16.0"]}},
+        fixed_in={"trl": "1.9.0"},
+        remove_when="trl_compat no longer supports TRL 1.8.x",
     ),
 ]
 

@@ -28,6 +28,9 @@ TRL's own test) and for a loss type of that branch it runs on a shallow copy of 
 steps_per_generation``, so the accumulated loss of one optimizer step is the token mean of its
 window, as in 1.9.1. Eval calls, the other loss types and the Liger loss (``compute_liger_loss``,
 GPU only) run TRL's code untouched; the caller's ``inputs`` is never changed.
+
+Run time: load-bearing: errors propagate. What this patch's wrapper does is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

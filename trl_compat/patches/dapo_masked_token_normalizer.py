@@ -27,6 +27,9 @@ batch's ``num_items_in_batch`` is recomputed from the masks it returns, as 1.9.0
 so that a batch masked out entirely keeps its loss of 0 (TRL 1.9.0 clamps at the same point).
 Where nothing is masked the value equals TRL's. The method runs on every process (the gather is
 collective, as TRL's own is at that point).
+
+Run time: load-bearing: errors propagate. What this patch's wrapper does is the fix itself: falling
+back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """zero3-peft-mixed-dtype: DeepSpeed 0.19.2 ZeRO-3 + LoRA on a bf16 model dies at the first optimizer
 step: ``TypeError: output tensor must have the same type as input tensor``.
 
-Upstream: DeepSpeed 0.19.3 carries the fixes.
+Upstream: DeepSpeed 0.19.3 carries the fixes; TRL 1.7 fixed its ``peft_config`` path only.
 
 The bug (TRL issue #6089, DeepSpeed issue #8072)
     DeepSpeed 0.19.2 (PR #8066, b919284ab) stopped casting the whole ZeRO-Init module to bf16 in
@@ -17,14 +17,20 @@ The bug (TRL issue #6089, DeepSpeed issue #8072)
     0.19.2 and trains with fp32 adapters on 0.19.3.) On gloo the error reads ``RuntimeError:
     ProcessGroupGloo::allgather: invalid tensor type``; in a GRPO run it comes at the first gather of
     the whole model, TRL's ``unwrap_model_for_generation``, before any optimizer step.
+    TRL 1.7's fix is in the ``peft_config`` branch only: a model that arrives already a ``PeftModel``
+    (the user's own ``get_peft_model``, under ZeRO-Init through ``TrainingArguments``' DeepSpeed
+    config) keeps peft's fp32 adapters beside the bf16 model, and crashes the same way with every TRL
+    release (tests/support/zero3_lora_worker.py ``--peft-model``, on TRL 1.0).
 
 How the probe recognises it
     Where GRPOTrainer creates the PEFT model: ``GRPOTrainer.__init__`` calls ``get_peft_model(``
     itself (TRL 0.14 - 0.21, 0.26+) or ``prepare_peft_model(`` (TRL 0.22 - 0.25), which calls
     ``trl.models.utils.get_peft_model`` (passing ``autocast_adapter_dtype`` only for sharded QLoRA).
-    Needed when that call site never sets ``autocast_adapter_dtype`` under ZeRO-3 (an ``__init__``
+    Where that call site never sets ``autocast_adapter_dtype`` under ZeRO-3 (an ``__init__``
     that mentions ``autocast_adapter_dtype``, TRL 1.7+, does; a ``prepare_peft_model`` that reads the
-    ZeRO stage would). Neither call found: undecided.
+    ZeRO stage would), both paths are fixed; where it does, only the ``PeftModel`` path (needed:
+    no TRL release casts a ``PeftModel`` it is given). Neither call found: undecided. Not needed
+    where peft's ``get_peft_model`` has no ``autocast_adapter_dtype`` (it did not upcast then).
 
 The fix
     The ``get_peft_model`` name that call site looks up (``trl.trainer.grpo_trainer.get_peft_model``
@@ -36,7 +42,13 @@ The fix
     ``autocast_adapter_dtype``, it passes ``autocast_adapter_dtype=False``: the adapters keep the base
     model's dtype, as TRL 1.7 does. Anything else is passed through untouched.
     ``trl.models.utils.get_peft_model`` is shared by TRL's other trainers (``prepare_peft_model``): they
-    get the same fix under ZeRO-3, which is where they have the same bug.
+    get the same fix under ZeRO-3, which is where they have the same bug. That wrapper is only
+    installed where the call site does not pass the argument itself (TRL < 1.7).
+    A model that arrives as a ``PeftModel``: before ``GRPOTrainer.__init__`` (``_helpers.trainer_init``),
+    under ZeRO-3 (the same test) and unquantised, every trainable parameter that ZeRO-3 has not taken
+    over yet (no ``ds_id``) and is fp32 while the frozen ones all have one 16-bit dtype is cast to it,
+    as ``autocast_adapter_dtype=False`` would have left it (a warning says so). Parameters ZeRO-3 has
+    already partitioned are left alone (a warning names them): casting a shard is DeepSpeed's business.
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
@@ -46,9 +58,15 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 
 from trl_compat._engine import needed, not_needed, undecided
 from trl_compat._helpers.source import code
+from trl_compat._helpers.trainer_init import around_init
+
+log = logging.getLogger(__name__)
+
+PATCH_ID = "zero3-peft-mixed-dtype"
 
 KWARG = "autocast_adapter_dtype"
 
@@ -67,21 +85,29 @@ def call_site(module):
     return None, None
 
 
+def call_site_sets_kwarg(module, owner, where) -> bool:
+    """Whether the call site of :func:`call_site` passes ``autocast_adapter_dtype`` under ZeRO-3 itself."""
+    if where == "GRPOTrainer.__init__":
+        return KWARG in code(module.GRPOTrainer.__init__)
+    return any(s in code(owner.prepare_peft_model) for s in ("zero_stage", "zero3"))
+
+
 def probe(module):
     owner, where = call_site(module)
     if owner is None:
         return undecided("GRPOTrainer.__init__ calls neither get_peft_model nor prepare_peft_model")
-    if where == "GRPOTrainer.__init__" and KWARG in code(module.GRPOTrainer.__init__):
-        return not_needed("GRPOTrainer.__init__ sets autocast_adapter_dtype for get_peft_model")
-    if owner is not module and any(s in code(owner.prepare_peft_model) for s in ("zero_stage", "zero3")):
-        return not_needed("prepare_peft_model sets autocast_adapter_dtype under ZeRO-3")
     import peft
 
     if KWARG not in inspect.signature(peft.get_peft_model).parameters:
         return not_needed("peft's get_peft_model has no autocast_adapter_dtype (adapters keep the model's dtype)")
+    if call_site_sets_kwarg(module, owner, where):
+        return needed(
+            f"{where} sets autocast_adapter_dtype for the peft_config it wraps, but a model passed as a PeftModel keeps "
+            "fp32 adapters beside a bf16 model: under ZeRO-3 on DeepSpeed 0.19.2 the first all-gather fails"
+        )
     return needed(
-        f"{where} calls get_peft_model without autocast_adapter_dtype: under ZeRO-3 on DeepSpeed 0.19.2 the fp32 "
-        "LoRA weights beside a bf16 model fail the first optimizer step's all-gather"
+        f"{where} calls get_peft_model without autocast_adapter_dtype (nor casts a PeftModel it is given): under "
+        "ZeRO-3 on DeepSpeed 0.19.2 the fp32 LoRA weights beside a bf16 model fail the first all-gather"
     )
 
 
@@ -95,8 +121,68 @@ def _quantised(model) -> bool:
     return bool(getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False))
 
 
+def _is_peft_model(model) -> bool:
+    return any(c.__name__ == "PeftModel" for c in type(model).__mro__)
+
+
+def _zero3_args(args) -> bool:
+    plugin = getattr(args, "deepspeed_plugin", None)
+    return plugin is not None and getattr(plugin, "zero_stage", None) == 3
+
+
+def cast_adapters(model) -> list:
+    """The fp32 trainable parameters of ``model`` cast to its frozen parameters' one 16-bit dtype;
+    the names cast (none where the frozen ones do not share one 16-bit dtype)."""
+    import torch
+
+    frozen = {p.dtype for p in model.parameters() if not p.requires_grad}
+    if len(frozen) != 1 or next(iter(frozen)) not in (torch.bfloat16, torch.float16):
+        return []
+    (dtype,) = frozen
+    cast, sharded = [], []
+    for name, param in model.named_parameters():
+        if not (param.requires_grad and param.dtype == torch.float32):
+            continue
+        if hasattr(param, "ds_id"):
+            sharded.append(name)
+            continue
+        param.data = param.data.to(dtype)
+        cast.append(name)
+    if sharded:
+        log.warning(
+            "trl_compat: %s: %d fp32 trainable parameters of the PeftModel are already partitioned by ZeRO-3 (%s ...) "
+            "beside a %s model: DeepSpeed 0.19.2's all-gather will fail; build the adapters with "
+            "get_peft_model(..., autocast_adapter_dtype=False)",
+            PATCH_ID,
+            len(sharded),
+            sharded[0],
+            dtype,
+        )
+    return cast
+
+
+def _before_init(trainer, arguments) -> None:
+    model = arguments.get("model")
+    if not _is_peft_model(model) or _quantised(model):
+        return
+    if not (_zero3_enabled() or _zero3_args(arguments.get("args"))):
+        return
+    cast = cast_adapters(model)
+    if cast:
+        log.warning(
+            "trl_compat: %s: %d fp32 adapter parameters of the PeftModel cast to the model's 16-bit dtype "
+            "(DeepSpeed 0.19.2's ZeRO-3 all-gather fails on mixed dtypes), as get_peft_model(..., "
+            "autocast_adapter_dtype=False) would have built them",
+            PATCH_ID,
+            len(cast),
+        )
+
+
 def apply(module, patcher):
-    owner, _ = call_site(module)
+    around_init(before=_before_init)(module, patcher)
+    owner, where = call_site(module)
+    if call_site_sets_kwarg(module, owner, where):
+        return
 
     def factory(original):
         signature = inspect.signature(original)
