@@ -77,6 +77,7 @@ def test_the_init_patches_declare_it():
         "vllm-sleep-mode-weights",  # registers the colocated engine after TRL built it (TRL 0.25+)
         "prompt-right-truncation",
         "scale-rewards-swapped",
+        "reward-func-partial-name",  # only names the reward functions passed in: any place would do
     ]
 
 

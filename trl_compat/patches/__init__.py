@@ -25,14 +25,15 @@ GRPO_MODULE = "trl.trainer.grpo_trainer"
 OLDEST_KNOWN_TRL = "0.14.0"
 NEWEST_KNOWN_TRL = "0.29.1"
 
-# transformers5-import's and transformers5-use-cache's shared window: TRL releases trl_compat supports (< 0.20,
-# and the 0.20.0.dev0 builds that still carry 0.19's code) on transformers 5. Each has its own probe.
+# transformers5-use-cache's window (transformers5-import has its own since it reaches 0.28): TRL releases
+# trl_compat supports (< 0.20, and the 0.20.0.dev0 builds that still carry 0.19's code) on transformers 5.
 # (transformers5-warnings-issued has its own: its line lives on up to TRL 0.27.1.)
 TRANSFORMERS5 = {"trl": affected("0.14.0", "0.20.0"), "transformers": affected("5.0.0")}
 TRANSFORMERS5_REMOVE_WHEN = "trl_compat drops TRL < 0.20 on transformers 5"
 
 # The optional-package flags trl.import_utils caches as `_<name>_available = _is_package_available(...)`
-# in TRL 0.14.0 - 0.20.0 (read from every version of that file; 0.14.0 has the first seven).
+# in TRL 0.14.0 - 0.26.x (read from every version of that file; 0.14.0 has the first seven, 0.24 added
+# math_verify and weave, 0.26 jmespath as `_is_jmespath_available`); 0.27 - 0.28 call the helper itself.
 TRL_IMPORT_FLAGS = tuple(
     f"_{name}_available"
     for name in (
@@ -49,6 +50,9 @@ TRL_IMPORT_FLAGS = tuple(
         "requests",
         "uvicorn",
         "vllm_ascend",
+        "math_verify",
+        "weave",
+        "is_jmespath",
     )
 )
 
@@ -85,20 +89,27 @@ PROMPT_GENERATION = (
 PATCHES = [
     Patch(
         id="transformers5-import",
-        summary="TRL < 0.20 on transformers 5: optional-package flags are truthy tuples, so `from trl import GRPOTrainer` fails",
-        symptom="`from trl import GRPOTrainer`: ModuleNotFoundError: No module named 'requests' (or vllm, mergekit, llm_blender, ...)",
+        summary=(
+            "TRL < 0.29 on transformers >= 5.3: optional-package checks answer truthy tuples, "
+            "so `from trl import GRPOTrainer` fails"
+        ),
+        symptom="`from trl import GRPOTrainer`: ModuleNotFoundError: No module named 'requests' (or vllm, weave, mergekit, ...)",
         upstream="https://github.com/huggingface/trl/pull/5129 (TRL 0.29.0 stops using transformers' _is_package_available)",
         trigger="trl.import_utils",
         must_exist="_is_package_available",
-        changes=TRL_IMPORT_FLAGS,
-        requires=TRANSFORMERS5,
-        # 0.20 is where trl_compat's support ends, not a fix: 0.20.0.dev0 builds have the bug and get the fix.
+        changes=(*TRL_IMPORT_FLAGS, "_is_package_available"),
+        # Its own window, not TRANSFORMERS5: every release up to 0.28.x imports transformers' helper (0.29.0.dev0
+        # builds before PR #5129 too). transformers 5.0 - 5.2 still answer bools: the probe reads the answers.
+        requires={"trl": affected("0.14.0", "0.29.0"), "transformers": affected("5.0.0")},
         witnesses={
-            "trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0", "0.29.0"]},
-            "transformers": {"inside": ["5.0.0"], "outside": ["4.57.0"]},
+            "trl": {
+                "inside": ["0.14.0", "0.19.1", "0.20.0", "0.22.2", "0.26.1", "0.28.0", "0.29.0.dev0"],
+                "outside": ["0.29.0", "1.0.0"],
+            },
+            "transformers": {"inside": ["5.0.0", "5.5.0", "5.23.0"], "outside": ["4.57.0"]},
         },
         impl="trl_compat.patches.transformers5_import",
-        remove_when=TRANSFORMERS5_REMOVE_WHEN,
+        remove_when="trl_compat no longer supports TRL < 0.29 on transformers >= 5.3",
     ),
     Patch(
         id="transformers5-use-cache",
@@ -608,18 +619,25 @@ PATCHES = [
     ),
     Patch(
         id="tools-empty-list-server",
-        summary="TRL 0.26.0 server mode: tools=[] reaches VLLMClient.chat as None, so chat prompts without tools generate",
+        summary="TRL 0.26.0 and 0.28.0 server mode: tools=[] reaches VLLMClient.chat as None, so chat prompts without tools generate",
         symptom="NotImplementedError: Tool calling is not yet implemented in VLLMClient.chat().",
-        upstream="https://github.com/huggingface/trl/pull/4663 (fixed in 0.26.1)",
+        upstream=(
+            "https://github.com/huggingface/trl/pull/4663 (fixed in 0.26.1); back in 0.28.0 (generation moved to "
+            "trl/generation/), fixed in 0.29.0 (VLLMClient.chat takes tools)"
+        ),
         trigger=GRPO_MODULE,
-        must_exist="GRPOTrainer",  # the trainer binds VLLMClient from trl.extras.vllm_client, whose chat is wrapped
-        changes=("trl.extras.vllm_client:VLLMClient.chat",),
+        # up to 0.27 the trainer binds VLLMClient from trl.extras.vllm_client; 0.28's VLLMGeneration builds
+        # trl.generation.vllm_client's: the chat of the one in use is wrapped
+        must_exist="GRPOTrainer",
+        changes=("trl.extras.vllm_client:VLLMClient.chat", "trl.generation.vllm_client:VLLMClient.chat"),
         # use_vllm=True needs vLLM installed; the fix reached 0.26.1 as a cherry-pick and main as
-        # 0.27.0.dev0 (26f989efa): the probe tells them apart
-        requires={"trl": affected("0.26.0", "0.27.0"), "vllm": ">=0"},
-        witnesses={"trl": {"inside": ["0.26.0", "0.26.1", "0.27.0.dev0"], "outside": ["0.25.1", "0.27.0"]}},
+        # 0.27.0.dev0 (26f989efa), and 0.27.x keep it: the probe tells them apart from 0.26.0 and 0.28.0
+        requires={"trl": affected("0.26.0", "0.29.0"), "vllm": ">=0"},
+        witnesses={
+            "trl": {"inside": ["0.26.0", "0.26.1", "0.27.0.dev0", "0.27.2", "0.28.0", "0.29.0.dev0"], "outside": ["0.25.1", "0.29.0"]}
+        },
         impl="trl_compat.patches.tools_empty_list_server",
-        remove_when="trl_compat no longer supports TRL 0.26.0",
+        remove_when="trl_compat no longer supports TRL 0.26.0 and 0.28.x",
     ),
     # Known breaks with newer (or older) vLLM / transformers / peft that an upgrade ends and no fix
     # here could be proved on the CPU (branch `advice`): the probe says "undecided" with the upgrade
@@ -858,6 +876,21 @@ PATCHES = [
         },
         impl="trl_compat.patches.zero3_peft_mixed_dtype",
         remove_when="trl_compat no longer supports DeepSpeed 0.19.2",
+    ),
+    # -- crashes of TRL 1.x pins, and the crash gaps left in 0.x --------------------------------------
+    Patch(
+        id="reward-func-partial-name",
+        summary="a functools.partial or callable instance as reward function gets the name TRL 1.9 gives it",
+        symptom="AttributeError: 'functools.partial' object has no attribute '__name__' (GRPOTrainer(...); TRL < 0.17: first step)",
+        upstream="https://github.com/huggingface/trl/pull/6313 (fixed in 1.9.0)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer",
+        changes=("GRPOTrainer.__init__",),
+        # main reported 1.9.0.dev0 before PR #6313 (bc6e8007b): the probe tells them apart
+        requires={"trl": affected("0.14.0", "1.9.0")},
+        witnesses={"trl": {"inside": ["0.14.0", "0.22.2", "0.29.1", "1.0.0", "1.8.0", "1.9.0.dev0"], "outside": ["1.9.0", "1.10.0"]}},
+        impl="trl_compat.patches.reward_func_partial_name",
+        remove_when="trl_compat no longer supports TRL < 1.9.0",
     ),
 ]
 
