@@ -653,18 +653,19 @@ PATCHES = [
         must_exist="is_vllm_available",
         changes=("vllm.model_executor.model_loader.weight_utils:DisabledTqdm",),
         requires={
-            "trl": affected("0.14.0", "0.26.0"),
+            # TRL 0.26.0 - 1.2.x shim it themselves (removed by PR #5549, 1.3.0): the probe reads the shim
+            "trl": affected("0.14.0"),
             "vllm": affected("0.1.0", "0.11.1"),
             # 1.10.0 passes disable= only to huggingface_hub's own tqdm classes, never to vLLM's
             "huggingface_hub": affected("1.1.0", "1.10.0"),
         },
         witnesses={
-            "trl": {"inside": ["0.14.0", "0.20.0", "0.25.1", "0.26.0.dev0"], "outside": ["0.26.0"]},
+            "trl": {"inside": ["0.14.0", "0.20.0", "0.25.1", "0.26.0.dev0", "1.2.0", "1.3.0", "1.16.0"], "outside": ["0.13.0"]},
             "vllm": {"inside": ["0.1.0", "0.10.2", "0.11.0", "0.11.1.dev0"], "outside": ["0.11.1", "0.12.0"]},
             "huggingface_hub": {"inside": ["1.1.0", "1.9.2"], "outside": ["0.36.2", "1.0.1", "1.10.0", "2.4.0"]},
         },
         impl="trl_compat.patches.vllm_disabled_tqdm",
-        remove_when="trl_compat no longer supports TRL < 0.26",
+        remove_when="trl_compat no longer supports TRL < 0.26, nor TRL >= 1.3 with vLLM < 0.11.1",
     ),
     Patch(
         id="vllm-tokenizer-transformers5",
@@ -674,14 +675,15 @@ PATCHES = [
         trigger="trl.import_utils",
         must_exist="is_vllm_available",
         changes=("vllm.transformers_utils.tokenizer:get_cached_tokenizer",),
-        requires={"trl": affected("0.14.0", "0.26.0"), "vllm": affected("0.1.0", "0.12.0"), "transformers": affected("5.0.0")},
+        # TRL 0.26.0 - 1.2.x shim it themselves (removed by PR #5549, 1.3.0): the probe reads the shim
+        requires={"trl": affected("0.14.0"), "vllm": affected("0.1.0", "0.12.0"), "transformers": affected("5.0.0")},
         witnesses={
-            "trl": {"inside": ["0.14.0", "0.20.0", "0.25.1", "0.26.0.dev0"], "outside": ["0.26.0"]},
+            "trl": {"inside": ["0.14.0", "0.20.0", "0.25.1", "0.26.0.dev0", "1.2.0", "1.3.0", "1.16.0"], "outside": ["0.13.0"]},
             "vllm": {"inside": ["0.1.0", "0.10.2", "0.11.2", "0.12.0.dev0"], "outside": ["0.12.0", "0.14.0"]},
             "transformers": {"inside": ["5.0.0", "5.23.0"], "outside": ["4.57.6"]},
         },
         impl="trl_compat.patches.vllm_tokenizer_transformers5",
-        remove_when="trl_compat no longer supports TRL < 0.26",
+        remove_when="trl_compat no longer supports TRL < 0.26, nor TRL >= 1.3 with vLLM < 0.12 on transformers 5",
     ),
     Patch(
         id="peft-transformers5-hybrid-cache",
