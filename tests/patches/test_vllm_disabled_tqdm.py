@@ -86,9 +86,9 @@ def declared_probe():
 
 def test_the_shim_read_in_the_installed_trl():
     """Every cell: TRL's own code has the shim exactly in TRL 0.26.0 - 1.2.x."""
-    from packaging.version import Version
-
     from trl_compat.patches._advice import trl_shims
+
+    from packaging.version import Version
 
     from versions import installed
 

@@ -90,8 +90,7 @@ PATCHES = [
     Patch(
         id="transformers5-import",
         summary=(
-            "TRL < 0.29 on transformers >= 5.3: optional-package checks answer truthy tuples, "
-            "so `from trl import GRPOTrainer` fails"
+            "TRL < 0.29 on transformers >= 5.3: optional-package checks answer truthy tuples, so `from trl import GRPOTrainer` fails"
         ),
         symptom="`from trl import GRPOTrainer`: ModuleNotFoundError: No module named 'requests' (or vllm, weave, mergekit, ...)",
         upstream="https://github.com/huggingface/trl/pull/5129 (TRL 0.29.0 stops using transformers' _is_package_available)",
