@@ -1,5 +1,6 @@
 """TEST-ONLY stand-in for vLLM 0.7.2 (distribution name ``vllm``, version ``0.7.2``; installed
-from ``tests/vllm_standin/v<X>`` (v0.8.5, v0.9.1, v0.10.0, v0.10.1.1, v0.10.2, v0.11.2, v0.12.0, v0.14.0) the
+from ``tests/vllm_standin/v<X>`` (v0.8.5, v0.9.1, v0.10.0, v0.10.1.1, v0.10.2, v0.11.2, v0.12.0, v0.14.0,
+v0.17.1, v0.18.0, v0.25.1, v0.26.0, v0.27.1, v0.28.0, v0.31.0) the
 same code calls itself that version and behaves as that release does where noted below).
 
 This is NOT vLLM. It lives in trl_compat's ``tests/vllm_standin`` and is installed into test
@@ -121,6 +122,13 @@ max_num_batched_tokens=4096, model_impl=..., enable_sleep_mode=..., logprobs_mod
 with sleep mode on, calls ``sleep`` / ``wake_up`` / ``collective_rpc("reload_weights")``.
 Version-dependent here: the engine choice, the ``EngineArgs`` fields, ``logprobs_mode``, ``top_k=0``
 (disabled from 0.10), and the module layout of ``vllm/sampling_params.py`` / ``vllm.utils`` (0.11, 0.12, 0.14).
+The TRL 1.x cells install ``v0.17.1`` (1.0), ``v0.18.0`` (1.4), ``v0.25.1`` (1.9.2), ``v0.26.0`` (1.10),
+``v0.28.0`` (1.12; ``v0.27.1`` its control) and ``v0.31.0`` (the newest TRL): TRL 1.x's colocate mode
+(``trl/generation/vllm_generation.py``, the default ``vllm_mode``) calls the same engine API as 0.28 - 0.29
+(token-id prompts, ``logprobs=0`` with ``logprobs_mode="processed_logprobs"``, ``StructuredOutputsParams``,
+``sleep`` / ``wake_up`` / ``collective_rpc("reload_weights")`` up to 1.9.2, ``trust_remote_code`` (in 1.9.2 and later)).
+Its server-mode client (1.11+) imports ``vllm.distributed.weight_transfer``: the trainer's half is
+imitated by recorders, version-gated at 0.28.0 (see that package).
 """
 
 import importlib.metadata as _metadata
