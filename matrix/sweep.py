@@ -102,7 +102,8 @@ KNOWN = {
     "prompt-right-truncation": lambda v, vs: V("0.24.0") <= v < V("0.26.0"),
     "tool-loop-retokenization": lambda v, vs: V("0.26.0") <= v and _fixed_in(v, "0.29.1", "1.0.0"),
     "vllm-guided-decoding-import": lambda v, vs: V("0.16.0") <= v < V("0.27.0") and (_v(vs, "vllm") or V("0")) >= V("0.12.0"),
-    "tools-empty-list-server": lambda v, vs: V("0.26.0") <= v and _fixed_in(v, "0.26.1", "0.27.0"),
+    # 0.28.0 brought `tools or []` back (trl/generation/); 0.29.0's VLLMClient.chat takes tools
+    "tools-empty-list-server": lambda v, vs: V("0.26.0") <= v and _fixed_in(v, "0.26.1", "0.27.0") or V("0.28.0") <= v < V("0.29.0"),
     "eval-before-train-ga": lambda v, vs: V("0.22.0") <= v and _fixed_in(v, "0.27.1", "0.28.0"),
     "vllm-serve-get-open-port": lambda v, vs: V("0.17.0") <= v < V("0.28.0") and (_v(vs, "vllm") or V("0")) >= V("0.14.0"),
     "entropy-mask-gather-hang": lambda v, vs: V("0.21.0") <= v and _fixed_in(v, "0.23.1", "0.24.0"),
@@ -110,6 +111,8 @@ KNOWN = {
     "qlora-config-rebuild": lambda v, vs: _v(vs, "peft") is not None and V("0.22.0") <= v < V("0.23.0"),
     "zero3-peft-mixed-dtype": lambda v, vs: _v(vs, "peft") is not None and (_v(vs, "deepspeed") or V("0")) >= V("0.19.2"),
     "tools-colocate-llm-attr": lambda v, vs: V("0.28.0") <= v and _fixed_in(v, "0.29.1", "1.0.0"),
+    # research/bugs-1x.md C9: reward_funcs[i].__name__ until PR #6313 (1.9.0)
+    "reward-func-partial-name": lambda v, vs: V("0.14.0") <= v < V("1.9.0"),
 }
 
 # Main-branch commits (reporting X.dev0) around the windows' bounds, with what research found in their

@@ -181,6 +181,7 @@ def test_the_grpo_trainer_init_patches_stack_in_registry_order():
         "scale-rewards-swapped",
         "zero3-peft-mixed-dtype",
         "peft-zero3-gc-reentrant",
+        "reward-func-partial-name",  # only names the reward functions passed in: any place would do
     ]
     assert derived == declaring
     assert [pid for pid in (p.id for p in engine.registry()) if pid in derived] == derived

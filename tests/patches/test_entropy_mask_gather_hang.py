@@ -150,3 +150,45 @@ def test_global_threshold_with_patch(model_dir, tmp_path):
         assert first["thresholds"][0] == pytest.approx(float(torch.quantile(both, first["q"])), rel=1e-6)
     losses = run.per_rank("train")
     assert all(len(e["losses"]) == 2 for e in losses), losses
+
+
+# -- one process: TRL's own unit tests ---------------------------------------------------------
+# The cases of TRL's GetHighEntropyMaskTester (tests/test_grpo_trainer.py, 0.21.0 - 0.23.0), called as
+# TRL calls them: the real GRPOTrainer.get_high_entropy_mask on a Mock(spec=GRPOTrainer) whose accelerator
+# is a bare Mock with num_processes = 1 and an identity gather. (entropies, mask, threshold, expected mask)
+UPSTREAM_ENTROPIES = [[0.1, 0.2, 0.3, 0.4, 0.5, 0.6], [0.7, 0.8, 0.9, 1.0, 1.1, 1.2]]
+UPSTREAM_MASK = [[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]]
+UPSTREAM_CASES = {
+    "mask_0": (UPSTREAM_ENTROPIES, UPSTREAM_MASK, 0.8, [[0, 0, 0, 0, 0, 0], [0, 0, 1, 1, 0, 0]]),
+    "mask_1": (
+        [[0.1, 0.2, 0.3, 1.4, 0.5, 0.14], [0.5, 0.6, 0.7, 0.8, 0.9, 1.0]],
+        [[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 0, 0]],
+        0.8,
+        [[0, 0, 0, 1, 0, 0], [0, 0, 0, 1, 0, 0]],
+    ),
+    "mask_lower_threshold": (UPSTREAM_ENTROPIES, UPSTREAM_MASK, 0.5, [[0, 0, 0, 0, 0, 1], [1, 1, 1, 1, 0, 0]]),
+    "threshold_0": (UPSTREAM_ENTROPIES, UPSTREAM_MASK, 0.0, [[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]]),
+    "threshold_1": (UPSTREAM_ENTROPIES, UPSTREAM_MASK, 1.0, [[0, 0, 0, 0, 0, 0], [0, 0, 0, 1, 0, 0]]),
+    "all_masked": (UPSTREAM_ENTROPIES, [[0] * 6, [0] * 6], 0.5, [[0] * 6, [0] * 6]),
+}
+
+
+@needs_affected
+@pytest.mark.parametrize("case", sorted(UPSTREAM_CASES))
+def test_trl_unit_tests_on_one_process_with_patch(case):
+    from unittest.mock import Mock
+
+    import trl_compat
+    from trl_compat._engine import markers
+
+    from trl import GRPOTrainer
+
+    assert trl_compat.status(PATCH_ID) == "applied"
+    assert PATCH_ID in markers(GRPOTrainer.get_high_entropy_mask)  # the wrapper is what TRL's test calls
+    entropies, mask, threshold, expected = UPSTREAM_CASES[case]
+    trainer = Mock(spec=GRPOTrainer)
+    trainer.accelerator = Mock()
+    trainer.accelerator.num_processes = 1
+    trainer.accelerator.gather = lambda x: x
+    got = GRPOTrainer.get_high_entropy_mask(trainer, torch.tensor(entropies), torch.tensor(mask), threshold)
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.bool))

@@ -1,8 +1,9 @@
-"""tools-empty-list-server: TRL 0.26.0's server mode sends tools=[] to VLLMClient.chat.
+"""tools-empty-list-server: TRL 0.26.0's and 0.28.0's server mode sends tools=[] to VLLMClient.chat.
 
-* Every cell: the probe on the real TRL source ("needed" only on 0.26.0's code) and on code
-  written here; the wrapper binds ``tools`` by name.
-* TRL 0.26.0 with vLLM installed (the trl0.26.0-tf4.57.3 cell): a real tiny GRPO run in server mode
+* Every cell: the probe on the real TRL source ("needed" only on 0.26.0's and 0.28.0's code) and on
+  code written here; the wrapper binds ``tools`` by name.
+* TRL 0.26.0 / 0.28.0 with vLLM installed (the trl0.26.0-tf4.57.3, trl0.28.0-tf4.57.6 and
+  trl0.28.0-tf5.2.0 cells): a real tiny GRPO run in server mode
   (``use_vllm=True``, ``vllm_mode="server"``) with conversational prompts and no tools, whose real
   ``VLLMClient`` talks to a fake HTTP session (the error is raised client-side, before any request):
   without the patch the first generation raises ``NotImplementedError: Tool calling is not yet
@@ -26,7 +27,7 @@ from versions import installed
 
 PATCH_ID = "tools-empty-list-server"
 TRL, VLLM = installed("trl"), installed("vllm")
-BUGGY = TRL is not None and Version("0.26.0") <= TRL < Version("0.26.1")
+BUGGY = TRL is not None and (Version("0.26.0") <= TRL < Version("0.26.1") or Version("0.28.0") <= TRL < Version("0.29.0"))
 IN_CELL = BUGGY and VLLM is not None
 NO_TOOLS = "Tool calling is not yet implemented in VLLMClient.chat()"
 
@@ -35,8 +36,8 @@ NO_TOOLS = "Tool calling is not yet implemented in VLLMClient.chat()"
 def test_probe_on_the_real_trl():
     import trl.trainer.grpo_trainer as grpo
 
-    if not hasattr(grpo, "VLLMClient"):
-        pytest.skip(f"trl {TRL}: grpo_trainer does not bind VLLMClient")
+    if patch_module.client_class(grpo) is None:
+        pytest.skip(f"trl {TRL}: no VLLMClient (vLLM's client needs requests)")
     verdict = patch_module.probe(grpo)
     assert verdict.needed is BUGGY, verdict
     if BUGGY:
@@ -129,8 +130,9 @@ def server_mode(monkeypatch):
     """TRL's real VLLMClient without a server: no health check, no NCCL group, no weight sync
     (recorded), CUDA's device index for ``init_communicator(device=torch.cuda.current_device())``."""
     import torch
-    from trl.extras.vllm_client import VLLMClient
+    import trl.trainer.grpo_trainer as grpo
 
+    VLLMClient = patch_module.client_class(grpo)  # trl.extras' up to 0.27, trl.generation's from 0.28
     synced = []
     monkeypatch.setattr(VLLMClient, "check_server", lambda self, *a, **k: None)
     monkeypatch.setattr(VLLMClient, "init_communicator", lambda self, *a, **k: None)
@@ -156,11 +158,16 @@ def server_trainer(tmp_path):
         train_dataset=conversational_dataset(),
         processing_class=tokenizer,
     )
-    trainer.vllm_client.session = FakeSession(tokenizer)
+    client(trainer).session = FakeSession(tokenizer)
     return trainer
 
 
-@pytest.mark.skipif(not IN_CELL, reason="TRL 0.26.0 with vLLM installed only (the trl0.26.0-tf4.57.3 cell)")
+def client(trainer):
+    """The trainer's VLLMClient: its own up to TRL 0.27, its VLLMGeneration's from 0.28."""
+    return trainer.vllm_client if hasattr(trainer, "vllm_client") else trainer.vllm_generation.vllm_client
+
+
+@pytest.mark.skipif(not IN_CELL, reason="TRL 0.26.0 / 0.28.0 with vLLM installed only")
 def test_unpatched_server_mode_chat_raises(tmp_path, server_mode, unpatched):
     assert trl_compat.status(PATCH_ID) == trl_compat.APPLIED, trl_compat.report()
     trainer = server_trainer(tmp_path)
@@ -168,27 +175,27 @@ def test_unpatched_server_mode_chat_raises(tmp_path, server_mode, unpatched):
         assert trainer.tools == []
         with pytest.raises(NotImplementedError, match=NO_TOOLS):
             trainer.train()
-    assert trainer.vllm_client.session.requests == []  # raised before any request
+    assert client(trainer).session.requests == []  # raised before any request
 
 
-@pytest.mark.skipif(not IN_CELL, reason="TRL 0.26.0 with vLLM installed only (the trl0.26.0-tf4.57.3 cell)")
+@pytest.mark.skipif(not IN_CELL, reason="TRL 0.26.0 / 0.28.0 with vLLM installed only")
 def test_patched_server_mode_step_completes(tmp_path, server_mode):
     assert trl_compat.status(PATCH_ID) == trl_compat.APPLIED, trl_compat.report()
     trainer = server_trainer(tmp_path)
-    patched_chat = trainer.vllm_client.chat
+    patched_chat = client(trainer).chat
     calls = []
 
     def record(*args, **kwargs):  # what TRL's trainer passes, above the patch
         calls.append(kwargs.get("tools", "unset"))
         return patched_chat(*args, **kwargs)
 
-    trainer.vllm_client.chat = record
+    client(trainer).chat = record
     trainer.tiny_initial_trainable = grpo_run.trainable_snapshot(trainer)
     trainer.train()
-    assert calls and all(tools == [] for tools in calls), calls  # TRL 0.26.0 still passes []
+    assert calls and all(tools == [] for tools in calls), calls  # TRL 0.26.0 / 0.28.0 still pass []
     # TRL's chat raises on any tools that is not None before it posts: each request it sent is
     # a call that reached it with tools=None
-    requests = trainer.vllm_client.session.requests
+    requests = client(trainer).session.requests
     assert len(requests) == len(calls), requests
     url, body = requests[0]
     assert url.endswith("/chat/") and body["messages"][0][0]["role"] == "user", body

@@ -64,6 +64,72 @@ def _expected_flags():
 # -- every cell ----------------------------------------------------------------------------------
 
 
+# -- bug 1, TRL 0.27 - 0.28: the lazy package checks ------------------------------------------------
+# TRL 0.27.0 - 0.28.x call transformers' helper inside each is_*_available(); no cell pairs them with a
+# transformers >= 5.3 (whose helper answers tuples): the module below has TRL 0.27.1's lines, run against
+# the installed transformers' real helper. Every cell with transformers.
+TRL_0_27_IMPORT_UTILS = """
+from transformers.utils.import_utils import _is_package_available
+
+
+def is_weave_available() -> bool:
+    return _is_package_available("weave")
+
+
+def is_requests_available() -> bool:
+    return _is_package_available("requests")
+
+
+def is_vllm_available() -> bool:
+    _vllm_available, _vllm_version = _is_package_available("vllm", return_version=True)
+    return _vllm_available
+"""
+TF_TUPLES = TF is not None and TF >= Version("5.3.0.dev0")  # transformers 5.3 made the helper answer (exists, version)
+
+
+@pytest.mark.skipif(TF is None, reason="needs transformers")
+def test_lazy_checks_of_trl_0_27(tmp_path):
+    from trl_compat._engine import Patcher
+    from trl_compat.patches import transformers5_import as patch_module
+
+    path = tmp_path / "trl_0_27_import_utils.py"
+    path.write_text(TRL_0_27_IMPORT_UTILS)
+    spec = importlib.util.spec_from_file_location("trl_0_27_import_utils", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    weave_installed = importlib.util.find_spec("weave") is not None
+    requests_installed = importlib.util.find_spec("requests") is not None
+    verdict = patch_module.probe(module)
+    assert verdict.needed is TF_TUPLES, verdict
+    if not TF_TUPLES:  # transformers < 5.3: bools, nothing to fix
+        assert module.is_weave_available() is weave_installed
+        return
+    assert "answers (exists, version) tuples" in verdict.reason
+    assert module.is_weave_available() == (weave_installed, None)  # the bug: (False, None) is truthy
+    patcher = Patcher(IMPORT_ID)
+    patch_module.apply(module, patcher)
+    try:
+        assert module.is_weave_available() is weave_installed
+        assert module.is_requests_available() is requests_installed
+        assert module.is_vllm_available() is (importlib.util.find_spec("vllm") is not None)  # return_version=True: the pair
+        assert patch_module.probe(module).needed is False  # the wrapped helper answers bools now
+    finally:
+        patcher.undo()
+    assert module.is_weave_available() == (weave_installed, None)
+
+
+@needs_affected
+def test_package_check_answers_bools_with_patch():
+    import trl.import_utils as iu
+
+    if not TF_TUPLES:
+        pytest.skip(f"transformers {TF} answers bools")
+    assert iu._is_package_available("surely_not_a_package_xyz") is False
+    assert iu._is_package_available("trl") is True
+    exists, version = iu._is_package_available("trl", return_version=True)
+    assert exists is True and Version(version) == TRL
+
+
 # -- bug 1: the import ---------------------------------------------------------------------------
 
 

@@ -1,5 +1,6 @@
-"""vllm-tokenizer-transformers5 gives advice, no fix: on TRL < 0.26 with vLLM < 0.12 and
-transformers 5 it says "undecided" and names the upgrade; elsewhere "not needed". No cell installs
+"""vllm-tokenizer-transformers5 gives advice, no fix: on TRL < 0.26 (or >= 1.3, which dropped TRL's
+own shim) with vLLM < 0.12 and transformers 5 it says "undecided" and names the upgrade; elsewhere
+(TRL 0.26 - 1.2: TRL's shim, read in its code) "not needed". No cell installs
 that stack (no transformers-5 cell has vLLM), so the versions are given to the gate; the probe
 reads the real transformers of the cell."""
 
@@ -7,7 +8,7 @@ import trl_compat
 
 import pytest
 
-from advice import in_window, probe, run_through_engine
+from advice import in_window, probe, run_through_engine, shim_modules
 from versions import installed
 
 PATCH_ID = "vllm-tokenizer-transformers5"
@@ -47,10 +48,42 @@ def test_the_probe_on_this_cells_transformers(monkeypatch, transformers):
         assert verdict.needed is False and "still has" in verdict.reason
 
 
-@pytest.mark.parametrize("fixed", [{"vllm": "0.12.0"}, {"transformers": "4.57.6"}, {"trl": "0.26.0"}, {"vllm": None}])
+@pytest.mark.parametrize("fixed", [{"vllm": "0.12.0"}, {"transformers": "4.57.6"}, {"vllm": None}])
 def test_a_fixed_or_unaffected_stack_is_not_needed(monkeypatch, fixed):
     inside, reason = in_window(monkeypatch, PATCH_ID, {**BROKEN, **fixed})
     assert not inside, reason
+
+
+# TRL 1.2.0's trl/_compat.py (abridged: the shim's last line) and 1.3.0's, after PR #5549 removed it
+TRL_1_2_COMPAT = """
+def _patch_vllm_cached_tokenizer() -> None:
+    if _is_package_version_at_least("transformers", "5.0.0") and _is_package_version_below("vllm", "0.12.0"):
+        import vllm.transformers_utils.tokenizer
+
+        def get_cached_tokenizer(tokenizer):
+            return tokenizer
+
+        vllm.transformers_utils.tokenizer.get_cached_tokenizer = get_cached_tokenizer
+"""
+TRL_1_3_COMPAT = """
+def _patch_vllm_logging() -> None:
+    pass
+"""
+
+
+@pytest.mark.parametrize("trl, source, needed", [("1.2.0", TRL_1_2_COMPAT, False), ("1.3.0", TRL_1_3_COMPAT, None)])
+def test_trl_0_26_to_1_2_shim_it_and_1_3_dropped_it(monkeypatch, tmp_path, without_extended, trl, source, needed):
+    stack = {**BROKEN, "trl": trl}
+    assert in_window(monkeypatch, PATCH_ID, stack) == (True, "")  # the window is open-ended: the probe reads TRL
+    shim_modules(monkeypatch, tmp_path, source)
+    from trl_compat.patches import declared
+
+    verdict = declared(PATCH_ID).probe(None)
+    assert verdict.needed is needed, verdict
+    if needed is None:
+        assert "upgrade vllm to 0.12.0 or newer" in verdict.reason
+    else:
+        assert "TRL replaces vLLM's get_cached_tokenizer itself" in verdict.reason
 
 
 def test_without_vllm_the_gate_says_so(monkeypatch):

@@ -11,7 +11,7 @@ import uuid
 import trl_compat
 from trl_compat import _engine
 from trl_compat._engine import versions as engine_versions
-from trl_compat.patches import declared
+from trl_compat.patches import _advice, declared
 
 # trl.import_utils as far as the entries' must_exist goes
 TRIGGER_SRC = "def is_vllm_available():\n    return True\n\nclass _LazyModule:\n    pass\n"
@@ -22,6 +22,17 @@ def fake_versions(monkeypatch, versions):
     monkeypatch.setattr(engine_versions, "dist_version", lambda dist: versions.get(dist))
     # a distribution given as None is not installed, even where the cell has it importable (the stand-in)
     monkeypatch.setattr(engine_versions, "_importable_without_metadata", lambda dist: False)
+    # nor is the installed TRL's own code read for its vLLM shims: the given versions are the stack
+    # (shim_modules() points the probes at TRL code written by a test)
+    monkeypatch.setattr(_advice, "TRL_SHIM_MODULES", ())
+
+
+def shim_modules(monkeypatch, tmp_path, source):
+    """The advice probes read ``source`` as TRL's compatibility code (trl/_compat.py)."""
+    name = "tcshim_" + uuid.uuid4().hex[:8]
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(_advice, "TRL_SHIM_MODULES", (name,))
 
 
 def in_window(monkeypatch, patch_id, versions):

@@ -27,14 +27,15 @@ from trl_compat._engine.versions import affected
 OLDEST_KNOWN_TRL = "0.14.0"
 NEWEST_KNOWN_TRL = "0.29.1"
 
-# transformers5-import's and transformers5-use-cache's shared window: TRL releases trl_compat supports (< 0.20,
-# and the 0.20.0.dev0 builds that still carry 0.19's code) on transformers 5. Each has its own probe.
+# transformers5-use-cache's window (transformers5-import has its own since it reaches 0.28): TRL releases
+# trl_compat supports (< 0.20, and the 0.20.0.dev0 builds that still carry 0.19's code) on transformers 5.
 # (transformers5-warnings-issued has its own: its line lives on up to TRL 0.27.1.)
 TRANSFORMERS5 = {"trl": affected("0.14.0", "0.20.0"), "transformers": affected("5.0.0")}
 TRANSFORMERS5_REMOVE_WHEN = "trl_compat drops TRL < 0.20 on transformers 5"
 
 # The optional-package flags trl.import_utils caches as `_<name>_available = _is_package_available(...)`
-# in TRL 0.14.0 - 0.20.0 (read from every version of that file; 0.14.0 has the first seven).
+# in TRL 0.14.0 - 0.26.x (read from every version of that file; 0.14.0 has the first seven, 0.24 added
+# math_verify and weave, 0.26 jmespath as `_is_jmespath_available`); 0.27 - 0.28 call the helper itself.
 TRL_IMPORT_FLAGS = tuple(
     f"_{name}_available"
     for name in (
@@ -51,6 +52,9 @@ TRL_IMPORT_FLAGS = tuple(
         "requests",
         "uvicorn",
         "vllm_ascend",
+        "math_verify",
+        "weave",
+        "is_jmespath",
     )
 )
 
@@ -88,20 +92,26 @@ PATCHES = [
     # -- transformers 5 next to TRL < 0.20 ---------------------------------------------------------
     Patch(
         id="transformers5-import",
-        summary="TRL < 0.20 on transformers 5: optional-package flags are truthy tuples, so `from trl import GRPOTrainer` fails",
-        symptom="`from trl import GRPOTrainer`: ModuleNotFoundError: No module named 'requests' (or vllm, mergekit, llm_blender, ...)",
+        summary=(
+            "TRL < 0.29 on transformers >= 5.3: optional-package checks answer truthy tuples, so `from trl import GRPOTrainer` fails"
+        ),
+        symptom="`from trl import GRPOTrainer`: ModuleNotFoundError: No module named 'requests' (or vllm, weave, mergekit, ...)",
         upstream="https://github.com/huggingface/trl/pull/5129 (TRL 0.29.0 stops using transformers' _is_package_available)",
         fixed_in={"trl": "0.29.0"},
         trigger="trl.import_utils",
         must_exist="_is_package_available",
-        changes=TRL_IMPORT_FLAGS,
-        requires=TRANSFORMERS5,
-        # 0.20 is where trl_compat's support ends, not a fix: 0.20.0.dev0 builds have the bug and get the fix.
+        changes=(*TRL_IMPORT_FLAGS, "_is_package_available"),
+        # Its own window, not TRANSFORMERS5: every release up to 0.28.x imports transformers' helper (0.29.0.dev0
+        # builds before PR #5129 too). transformers 5.0 - 5.2 still answer bools: the probe reads the answers.
+        requires={"trl": affected("0.14.0", "0.29.0"), "transformers": affected("5.0.0")},
         witnesses={
-            "trl": {"inside": ["0.14.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.20.0", "0.29.0"]},
-            "transformers": {"inside": ["5.0.0"], "outside": ["4.57.0"]},
+            "trl": {
+                "inside": ["0.14.0", "0.19.1", "0.20.0", "0.22.2", "0.26.1", "0.28.0", "0.29.0.dev0"],
+                "outside": ["0.29.0", "1.0.0"],
+            },
+            "transformers": {"inside": ["5.0.0", "5.5.0", "5.23.0"], "outside": ["4.57.0"]},
         },
-        remove_when=TRANSFORMERS5_REMOVE_WHEN,
+        remove_when="trl_compat no longer supports TRL < 0.29 on transformers >= 5.3",
     ),
     Patch(
         id="transformers5-use-cache",
@@ -581,17 +591,23 @@ PATCHES = [
     ),
     Patch(
         id="tools-empty-list-server",
-        summary="TRL 0.26.0 server mode: tools=[] reaches VLLMClient.chat as None, so chat prompts without tools generate",
+        summary="TRL 0.26.0 and 0.28.0 server mode: tools=[] reaches VLLMClient.chat as None, so chat prompts without tools generate",
         symptom="NotImplementedError: Tool calling is not yet implemented in VLLMClient.chat().",
-        upstream="https://github.com/huggingface/trl/pull/4663 (fixed in 0.26.1)",
-        fixed_in={"trl": "0.26.1"},
-        must_exist="GRPOTrainer",  # the trainer binds VLLMClient from trl.extras.vllm_client, whose chat is wrapped
-        changes=("trl.extras.vllm_client:VLLMClient.chat",),
+        upstream=(
+            "https://github.com/huggingface/trl/pull/4663 (fixed in 0.26.1); back in 0.28.0 (generation moved to "
+            "trl/generation/), fixed in 0.29.0 (VLLMClient.chat takes tools)"
+        ),
+        # up to 0.27 the trainer binds VLLMClient from trl.extras.vllm_client; 0.28's VLLMGeneration builds
+        # trl.generation.vllm_client's: the chat of the one in use is wrapped
+        fixed_in={"trl": "0.29.0"},  # 0.26.1 too; 0.28.0 brought it back
+        changes=("trl.extras.vllm_client:VLLMClient.chat", "trl.generation.vllm_client:VLLMClient.chat"),
         # use_vllm=True needs vLLM installed; the fix reached 0.26.1 as a cherry-pick and main as
-        # 0.27.0.dev0 (26f989efa): the probe tells them apart
-        requires={"trl": affected("0.26.0", "0.27.0"), "vllm": ">=0"},
-        witnesses={"trl": {"inside": ["0.26.0", "0.26.1", "0.27.0.dev0"], "outside": ["0.25.1", "0.27.0"]}},
-        remove_when="trl_compat no longer supports TRL 0.26.0",
+        # 0.27.0.dev0 (26f989efa), and 0.27.x keep it: the probe tells them apart from 0.26.0 and 0.28.0
+        requires={"trl": affected("0.26.0", "0.29.0"), "vllm": ">=0"},
+        witnesses={
+            "trl": {"inside": ["0.26.0", "0.26.1", "0.27.0.dev0", "0.27.2", "0.28.0", "0.29.0.dev0"], "outside": ["0.25.1", "0.29.0"]}
+        },
+        remove_when="trl_compat no longer supports TRL 0.26.0 and 0.28.x",
     ),
     # -- advice: known breaks an upgrade ends ------------------------------------------------------
     # Known breaks with newer (or older) vLLM / transformers / peft that no fix here could be
@@ -610,17 +626,18 @@ PATCHES = [
         must_exist="is_vllm_available",
         changes=("vllm.model_executor.model_loader.weight_utils:DisabledTqdm",),
         requires={
-            "trl": affected("0.14.0", "0.26.0"),
+            # TRL 0.26.0 - 1.2.x shim it themselves (removed by PR #5549, 1.3.0): the probe reads the shim
+            "trl": affected("0.14.0"),
             "vllm": affected("0.1.0", "0.11.1"),
             # 1.10.0 passes disable= only to huggingface_hub's own tqdm classes, never to vLLM's
             "huggingface_hub": affected("1.1.0", "1.10.0"),
         },
         witnesses={
-            "trl": {"inside": ["0.14.0", "0.20.0", "0.25.1", "0.26.0.dev0"], "outside": ["0.26.0"]},
+            "trl": {"inside": ["0.14.0", "0.20.0", "0.25.1", "0.26.0.dev0", "1.2.0", "1.3.0", "1.16.0"], "outside": ["0.13.0"]},
             "vllm": {"inside": ["0.1.0", "0.10.2", "0.11.0", "0.11.1.dev0"], "outside": ["0.11.1", "0.12.0"]},
             "huggingface_hub": {"inside": ["1.1.0", "1.9.2"], "outside": ["0.36.2", "1.0.1", "1.10.0", "2.4.0"]},
         },
-        remove_when="trl_compat no longer supports TRL < 0.26",
+        remove_when="trl_compat no longer supports TRL < 0.26, nor TRL >= 1.3 with vLLM < 0.11.1",
     ),
     Patch(
         id="vllm-tokenizer-transformers5",
@@ -632,13 +649,14 @@ PATCHES = [
         trigger="trl.import_utils",
         must_exist="is_vllm_available",
         changes=("vllm.transformers_utils.tokenizer:get_cached_tokenizer",),
-        requires={"trl": affected("0.14.0", "0.26.0"), "vllm": affected("0.1.0", "0.12.0"), "transformers": affected("5.0.0")},
+        # TRL 0.26.0 - 1.2.x shim it themselves (removed by PR #5549, 1.3.0): the probe reads the shim
+        requires={"trl": affected("0.14.0"), "vllm": affected("0.1.0", "0.12.0"), "transformers": affected("5.0.0")},
         witnesses={
-            "trl": {"inside": ["0.14.0", "0.20.0", "0.25.1", "0.26.0.dev0"], "outside": ["0.26.0"]},
+            "trl": {"inside": ["0.14.0", "0.20.0", "0.25.1", "0.26.0.dev0", "1.2.0", "1.3.0", "1.16.0"], "outside": ["0.13.0"]},
             "vllm": {"inside": ["0.1.0", "0.10.2", "0.11.2", "0.12.0.dev0"], "outside": ["0.12.0", "0.14.0"]},
             "transformers": {"inside": ["5.0.0", "5.23.0"], "outside": ["4.57.6"]},
         },
-        remove_when="trl_compat no longer supports TRL < 0.26",
+        remove_when="trl_compat no longer supports TRL < 0.26, nor TRL >= 1.3 with vLLM < 0.12 on transformers 5",
     ),
     Patch(
         id="peft-transformers5-hybrid-cache",
@@ -884,6 +902,19 @@ PATCHES = [
         witnesses={"trl": {"inside": ["0.27.0", "0.29.1", "1.0.0", "1.8.0", "1.9.0.dev0"], "outside": ["0.26.2", "1.9.0", "1.16.0"]}},
         fixed_in={"trl": "1.9.0"},
         remove_when="trl_compat no longer supports TRL 1.8.x",
+    ),
+    # -- crashes of TRL 1.x pins, and the crash gaps left in 0.x --------------------------------------
+    Patch(
+        id="reward-func-partial-name",
+        summary="a functools.partial or callable instance as reward function gets the name TRL 1.9 gives it",
+        symptom="AttributeError: 'functools.partial' object has no attribute '__name__' (GRPOTrainer(...); TRL < 0.17: first step)",
+        upstream="https://github.com/huggingface/trl/pull/6313 (fixed in 1.9.0)",
+        changes=("GRPOTrainer.__init__",),
+        # main reported 1.9.0.dev0 before PR #6313 (bc6e8007b): the probe tells them apart
+        requires={"trl": affected("0.14.0", "1.9.0")},
+        witnesses={"trl": {"inside": ["0.14.0", "0.22.2", "0.29.1", "1.0.0", "1.8.0", "1.9.0.dev0"], "outside": ["1.9.0", "1.10.0"]}},
+        fixed_in={"trl": "1.9.0"},
+        remove_when="trl_compat no longer supports TRL < 1.9.0",
     ),
 ]
 

@@ -16,6 +16,10 @@ from __future__ import annotations
 
 from trl_compat._engine import undecided, versions
 
+# Where TRL 0.26.0 - 1.2.x shim vLLM's bugs themselves (trl/__init__.py in 0.26, trl/_compat.py from
+# 0.27); PR #5549 (0a54b4d19, TRL 1.3.0) removed the vLLM shims when TRL required vLLM >= 0.12.
+TRL_SHIM_MODULES = ("trl._compat", "trl")
+
 
 def installed(*dists: str) -> str:
     """``"vllm 0.10.2, huggingface_hub 1.2.0"``: the installed versions, read from metadata."""
@@ -25,6 +29,20 @@ def installed(*dists: str) -> str:
 def advise(what_breaks: str, dists: tuple, upgrade: str):
     """The "undecided" verdict: what breaks on the installed versions, then what to upgrade."""
     return undecided(f"{what_breaks} ({installed(*dists)}); {upgrade}")
+
+
+def trl_shims(needle: str) -> bool:
+    """Whether TRL's own compatibility code (read, not imported) has ``needle``: the line of its
+    shim of a vLLM bug."""
+    from trl_compat._helpers.source import module_code
+
+    for name in TRL_SHIM_MODULES:
+        try:
+            if needle in module_code(name):
+                return True
+        except ModuleNotFoundError:
+            continue  # TRL < 0.27 has no trl/_compat.py
+    return False
 
 
 def refusing_apply(patch_id: str):

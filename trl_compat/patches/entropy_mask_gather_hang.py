@@ -25,7 +25,10 @@ The fix
     non-padding entropies across processes with -1e9, gather, drop the sentinel, take the quantile
     of the rest (no token on any rank: an all-False mask). Every rank joins both collectives, so
     all ranks get the same global threshold. The arguments are bound by name against TRL's own
-    signature (0.21/0.22 also take an unused ``accelerator``).
+    signature (0.21/0.22 also take an unused ``accelerator``). On one process
+    (``accelerator.num_processes == 1``) TRL's own method runs: a gather there is the identity and
+    cannot hang, and TRL's own unit tests (``GetHighEntropyMaskTester``, 0.21 - 0.23) call the
+    method with a bare mock accelerator that has ``num_processes = 1`` and ``gather`` only.
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
@@ -82,6 +85,8 @@ def apply(module, patcher):
 
         @functools.wraps(original)
         def get_high_entropy_mask(self, *args, **kwargs):
+            if getattr(self.accelerator, "num_processes", None) == 1:
+                return original(self, *args, **kwargs)  # no collective to hang in: TRL's own path
             arguments = signature.bind(self, *args, **kwargs).arguments
             return high_entropy_mask(self.accelerator, arguments["entropies"], arguments["mask"], arguments["threshold"])
 

@@ -20,11 +20,15 @@ The bug
     ``huggingface_hub<1.0``), so the stack is a TRL < 0.26 on transformers 5 with an older vLLM.
     A local model path does not download and does not crash.
     Upstream: vLLM PR #28471 (fixed in vLLM 0.11.1). TRL shims it itself from 0.26.0 (commit
-    ``ca21dd94c`` in ``trl/__init__.py``, then ``trl/_compat.py``: ``_patch_vllm_disabled_tqdm``),
-    so TRL 0.14.0 - 0.25.x (and the 0.26.0.dev0 builds before that commit) meet it.
+    ``ca21dd94c`` in ``trl/__init__.py``, then ``trl/_compat.py``: ``_patch_vllm_disabled_tqdm``)
+    up to 1.2.x: PR #5549 (``0a54b4d19``, TRL 1.3.0) removed the shim when TRL declared
+    vLLM >= 0.12. So TRL 0.14.0 - 0.25.x (and the 0.26.0.dev0 builds before ``ca21dd94c``) and
+    TRL >= 1.3.0 pinned with a vLLM older than they declare meet it.
 
 How the probe decides
-    The gate finds TRL, vLLM and huggingface_hub in their windows; the probe then says
+    The gate finds TRL, vLLM and huggingface_hub in their windows. The probe reads TRL's own
+    compatibility code (``trl/_compat.py``, ``trl/__init__.py``; read, not imported): where it
+    replaces ``weight_utils.DisabledTqdm`` (TRL 0.26.0 - 1.2.x), "not needed"; elsewhere
     "undecided", naming the installed versions and the upgrade. It does not import vLLM to read
     ``DisabledTqdm`` (seconds at ``import trl``, and on this stack vLLM's import can fail on its
     own): the versions decide.
@@ -34,17 +38,19 @@ Why no fix
     is small, but the bug lives in vLLM's code, and no real vLLM runs on trl_compat's CPU test
     machines (the stand-in is not vLLM): the fix could not be proved. Upgrading vLLM to 0.11.1
     (or huggingface_hub to 1.10.0, or keeping it < 1.1) ends it. ``changes`` names what TRL's shim replaces.
-
-Upstream: TRL 0.26+ carries the shim."""
+"""
 
 from __future__ import annotations
 
-from trl_compat.patches._advice import advise, refusing_apply
+from trl_compat._engine import not_needed
+from trl_compat.patches._advice import advise, refusing_apply, trl_shims
 
 ADVICE = "upgrade vllm to 0.11.1 or newer (or huggingface_hub to 1.10.0 or newer)"
 
 
 def probe(module):
+    if trl_shims("weight_utils.DisabledTqdm = DisabledTqdm"):
+        return not_needed("TRL replaces vLLM's DisabledTqdm itself (TRL 0.26 - 1.2)")
     return advise(
         "vLLM < 0.11.1's DisabledTqdm crashes when it downloads a model with huggingface_hub 1.1 - 1.9 "
         "(TypeError: got multiple values for keyword argument 'disable')",
