@@ -161,6 +161,7 @@ APPLIED = {
         "eval-before-train-ga",
         "generation-config-model-defaults",
         "tools-empty-list-server",
+        "tools-empty-list-template",
         "vllm-serve-raw-logprobs",
         "vllm-sleep-mode-weights",
     },
@@ -174,10 +175,12 @@ APPLIED = {
     },
     # TRL 0.27.1 on transformers 5.1.0 (peft 0.18.1, no vLLM, no deepspeed): the last release that sets warnings_issued
     "trl0.27.1-tf5.1.0": {"transformers5-warnings-issued"},
-    "trl0.28.0-tf4.57.6": {"vllm-sleep-mode-weights"},
+    "trl0.28.0-tf4.57.6": {"tools-empty-list-template", "vllm-sleep-mode-weights"},
     # transformers 5: TRL 0.28 takes tools=[...]
-    "trl0.28.0-tf5.2.0": {"tools-colocate-llm-attr", "vllm-sleep-mode-weights"},
-    "trl0.29.1-tf4.57.6": {"vllm-sleep-mode-weights"},
+    "trl0.28.0-tf5.2.0": {"tools-colocate-llm-attr", "tools-empty-list-template", "vllm-sleep-mode-weights"},
+    "trl0.29.1-tf4.57.6": {"tools-empty-list-template", "vllm-sleep-mode-weights"},
+    # transformers 5: TRL 0.29.1 takes tools=[...]
+    "trl0.29.1-tf5.2.0": {"tool-suffix-eos-newline", "tools-empty-list-template", "vllm-sleep-mode-weights"},
     "trl-newest": set(),
     # the real-vLLM cell (matrix/vllm_cpu/): one venv (transformers 4.51.3, peft 0.15.2, no deepspeed),
     # one report per TRL release swapped in
