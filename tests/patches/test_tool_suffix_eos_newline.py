@@ -86,9 +86,7 @@ def _template_suffix(tokenizer):
 def _dataset(n=4):
     from datasets import Dataset
 
-    return Dataset.from_dict(
-        {"prompt": [[{"role": "user", "content": chat_templates.prompt_words(i)}] for i in range(n)]}
-    )
+    return Dataset.from_dict({"prompt": [[{"role": "user", "content": chat_templates.prompt_words(i)}] for i in range(n)]})
 
 
 def _trainer(tmp_path):
@@ -102,9 +100,7 @@ def _trainer(tmp_path):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, tools=[multiply], **kwargs)
 
-    trainer = grpo_run.make_trainer(
-        tmp_path, steps=1, train_dataset=_dataset(), processing_class=tokenizer, trainer_cls=ToolTrainer
-    )
+    trainer = grpo_run.make_trainer(tmp_path, steps=1, train_dataset=_dataset(), processing_class=tokenizer, trainer_cls=ToolTrainer)
     loop = trainer._tool_call_loop
     signature = inspect.signature(loop)
 

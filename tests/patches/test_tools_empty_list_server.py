@@ -25,6 +25,7 @@ import tiny
 from versions import installed
 
 PATCH_ID = "tools-empty-list-server"
+TEMPLATE_ID = "tools-empty-list-template"  # fixes the same tools=[] at its source, in every mode
 TRL, VLLM = installed("trl"), installed("vllm")
 BUGGY = TRL is not None and Version("0.26.0") <= TRL < Version("0.26.1")
 IN_CELL = BUGGY and VLLM is not None
@@ -163,7 +164,8 @@ def server_trainer(tmp_path):
 @pytest.mark.skipif(not IN_CELL, reason="TRL 0.26.0 with vLLM installed only (the trl0.26.0-tf4.57.3 cell)")
 def test_unpatched_server_mode_chat_raises(tmp_path, server_mode, unpatched):
     assert trl_compat.status(PATCH_ID) == trl_compat.APPLIED, trl_compat.report()
-    trainer = server_trainer(tmp_path)
+    with unpatched(TEMPLATE_ID):  # it turns 0.26.0's tools=[] into None at __init__, hiding this bug too
+        trainer = server_trainer(tmp_path)
     with unpatched(PATCH_ID):
         assert trainer.tools == []
         with pytest.raises(NotImplementedError, match=NO_TOOLS):
@@ -172,9 +174,10 @@ def test_unpatched_server_mode_chat_raises(tmp_path, server_mode, unpatched):
 
 
 @pytest.mark.skipif(not IN_CELL, reason="TRL 0.26.0 with vLLM installed only (the trl0.26.0-tf4.57.3 cell)")
-def test_patched_server_mode_step_completes(tmp_path, server_mode):
+def test_patched_server_mode_step_completes(tmp_path, server_mode, unpatched):
     assert trl_compat.status(PATCH_ID) == trl_compat.APPLIED, trl_compat.report()
-    trainer = server_trainer(tmp_path)
+    with unpatched(TEMPLATE_ID):  # this patch alone: TRL 0.26.0's trainer keeps tools=[]
+        trainer = server_trainer(tmp_path)
     patched_chat = trainer.vllm_client.chat
     calls = []
 

@@ -71,9 +71,7 @@ def _boilerplate_ids(tokenizer):
 
 def _run(tmp_path, use_vllm=False):
     tokenizer = chat_templates.make_llama31_tokenizer()
-    trainer = grpo_run.make_trainer(
-        tmp_path, use_vllm=use_vllm, steps=1, train_dataset=_dataset(), processing_class=tokenizer
-    )
+    trainer = grpo_run.make_trainer(tmp_path, use_vllm=use_vllm, steps=1, train_dataset=_dataset(), processing_class=tokenizer)
     seen = grpo_run.spy_training_prompt_ids(trainer)
     tools_after_init = getattr(trainer, "tools", "missing")
     trainer.train()
@@ -100,7 +98,7 @@ def test_bug_reproduced_without_the_patch(tmp_path, unpatched):
     with unpatched(PID):
         tokenizer, _, seen, tools = _run(tmp_path)
     assert tools == []
-    assert seen == _rendered(tokenizer, []), "the loss's prompts are not the template's rendering with tools=[]"
+    assert seen and seen <= _rendered(tokenizer, []), "the loss's prompts are not the template's rendering with tools=[]"
     assert all(_boilerplate_ids(tokenizer) <= set(ids) for ids in seen)
 
 
@@ -108,7 +106,7 @@ def test_patched_prompts_carry_no_tool_boilerplate(tmp_path):
     _window_or_skip()
     tokenizer, trainer, seen, tools = _run(tmp_path)
     assert tools is None and trainer.tools is None
-    assert seen == _rendered(tokenizer, None)
+    assert seen and seen <= _rendered(tokenizer, None)
     assert all(_boilerplate_ids(tokenizer).isdisjoint(ids) for ids in seen)
 
 
@@ -138,8 +136,9 @@ def test_colocated_vllm_prompts(tmp_path, unpatched, patched):
     generation = getattr(trainer, "vllm_generation", None)
     if generation is not None and "tools" in vars(generation):
         assert (generation.tools is None) is patched
-    assert seen == _rendered(tokenizer, None if patched else [])
+    assert seen and seen <= _rendered(tokenizer, None if patched else [])
     texts = _engine_texts(trainer)
+    assert texts or grpo_run.trl_version()[:2] >= (0, 29)  # 0.29 sends ids, not chats
     assert all(("Environment: ipython" in text) is not patched for text in texts), texts
 
 

@@ -25,13 +25,18 @@ LLAMA31_SPECIAL = (PAD, EOT, UNK, BOS, HEADER_START, HEADER_END)
 BOILERPLATE = ("Environment:", "ipython", "Given", "functions,", "respond", "JSON")
 LLAMA31_CHAT_TEMPLATE = (
     "{%- if not tools is defined %}{%- set tools = none %}{%- endif %}"
-    "{{- bos_token }}<|start_header_id|>system<|end_header_id|> "
-    "{%- if tools is not none %} Environment: ipython{% endif %} knowledge<|eot_id|>"
-    "{%- for message in messages %}<|start_header_id|>{{ message['role'] }}<|end_header_id|> "
-    "{%- if tools is not none and message['role'] == 'user' and loop.first %} Given functions, respond JSON"
-    "{%- for tool in tools %} {{ tool['function']['name'] }}{%- endfor %}{% endif %} "
-    "{{- message['content'] }}<|eot_id|>{%- endfor %}"
-    "{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|> {% endif %}"
+    "{{ bos_token + '<|start_header_id|>system<|end_header_id|> ' }}"
+    "{%- if tools is not none %}{{ 'Environment: ipython ' }}{%- endif %}"
+    "{{ 'knowledge<|eot_id|>' }}"
+    "{%- for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|> ' }}"
+    "{%- if tools is not none and message['role'] == 'user' and loop.first %}"
+    "{{ 'Given functions, respond JSON ' }}"
+    "{%- for tool in tools %}{{ tool['function']['name'] + ' ' }}{%- endfor %}"
+    "{%- endif %}"
+    "{{ message['content'] + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|> ' }}{%- endif %}"
 )
 
 # -- Qwen3 -----------------------------------------------------------------------------------------
@@ -41,16 +46,20 @@ QWEN3_WORDS = (NEWLINE, "<tool_response>", "</tool_response>", "<tool_call>", "<
 QWEN3_CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{%- if message['role'] == 'tool' %}"
-    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user{% endif %}"
-    "\n<tool_response>\n{{ message['content'] }}\n</tool_response>"
-    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>\n{% endif %}"
-    "{%- else %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
-    "{%- for call in message.get('tool_calls') or [] %}\n<tool_call>\n"
-    '{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}\n</tool_call>'
-    "{%- endfor %}<|im_end|>\n{%- endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{ '<|im_start|>user' }}{%- endif %}"
+    "{{ '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{ '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] }}"
+    "{%- for call in message.get('tool_calls') or [] %}"
+    "{{ '\\n<tool_call>\\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' }}"
+    "{{ call['function']['arguments'] | tojson }}{{ '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
-
 
 def _tokenizer(special, words, template, *, eos, bos=None):
     from tokenizers import Regex, Tokenizer

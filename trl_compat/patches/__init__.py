@@ -636,7 +636,7 @@ PATCHES = [
         summary="no tools: pass tools=None, not [], to the chat template (GRPOTrainer.tools and VLLMGeneration.tools)",
         symptom=(
             "silent: Llama-3.x-style templates (`tools is not none`) render tool-calling boilerplate "
-            "(\"Environment: ipython\", function-calling instructions) into every prompt of a run without tools"
+            '("Environment: ipython", function-calling instructions) into every prompt of a run without tools'
         ),
         upstream="https://github.com/huggingface/trl/issues/5379 (fixed in 1.0.0 by PR #5380)",
         trigger=GRPO_MODULE,
