@@ -61,6 +61,7 @@ QWEN3_CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
+
 def _tokenizer(special, words, template, *, eos, bos=None):
     from tokenizers import Regex, Tokenizer
     from tokenizers.models import WordLevel
