@@ -23,6 +23,7 @@ HAVE_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "tra
 if HAVE_TORCH:
     import chat_templates
     import grpo_run
+    import tiny
 
 
 def _trl_or_skip():
@@ -71,7 +72,11 @@ def _boilerplate_ids(tokenizer):
 
 def _run(tmp_path, use_vllm=False):
     tokenizer = chat_templates.make_llama31_tokenizer()
-    trainer = grpo_run.make_trainer(tmp_path, use_vllm=use_vllm, steps=1, train_dataset=_dataset(), processing_class=tokenizer)
+    # vLLM renders chats with the checkpoint's tokenizer (0.26.0, 0.28.x): save this one with the model
+    model = tiny.save_tiny(tmp_path / "model", "qwen2", tokenizer=tokenizer)
+    trainer = grpo_run.make_trainer(
+        tmp_path, model=model, use_vllm=use_vllm, steps=1, train_dataset=_dataset(), processing_class=tokenizer
+    )
     seen = grpo_run.spy_training_prompt_ids(trainer)
     tools_after_init = getattr(trainer, "tools", "missing")
     trainer.train()
