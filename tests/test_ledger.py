@@ -196,8 +196,8 @@ def test_audit_trl_0_22_1(stack):
     assert rows["scale-rewards-swapped"]["action"] == "fixed"
     assert "fixes it here" in rows["scale-rewards-swapped"]["message"]
     assert rows["eval-before-train-ga"]["action"] == "not needed"
-    assert rows["none-reward-baseline"]["action"] == "not fixable here"  # no status given: not applied
-    assert rows["none-reward-baseline"]["fixed_in"] == "1.6.0"
+    assert rows["trl#5902"]["action"] == "not fixable here"  # the None-reward baseline: not patched
+    assert rows["trl#5902"]["fixed_in"] == "1.6.0"
     # outside their windows
     assert "vllm-double-bos" not in rows  # needs vLLM installed
     assert "trl#5891" in rows and "liger" in rows["trl#5891"]["when"]

@@ -177,6 +177,7 @@ def test_the_grpo_trainer_init_patches_stack_in_registry_order():
         "reward-model-zero3",
         "vllm-v1-engine",
         "vllm-sleep-mode-weights",
+        "tools-empty-list-template",
         "prompt-right-truncation",
         "scale-rewards-swapped",
         "zero3-peft-mixed-dtype",

@@ -9,6 +9,7 @@ caught by its named check in a real tiny GRPO run on the vLLM stand-in; with the
 | stripped special tokens (vllm-prompt-special-tokens) | P | 0   | 0.19.0                                   |
 | temperature (logps-temperature, opt-in, off)  | S     | 0      | 0.14 / 0.15 (temperature=0.9)            |
 | sleep-mode reload (vllm-sleep-mode-weights)   | C     | 1 (0.28+); the second evaluate (0.26 - 0.27) | 0.26 - 0.29 |
+| the same on TRL 1.x (vllm-sleep-mode-weights) | C, W2 | 1      | 1.0.0 - 1.9.2; 1.10+ (fixed upstream): none |
 
 Server mode: tests/guard/test_server_mode.py; a real vLLM: tests/vllm_real/test_guard_real.py."""
 
@@ -268,5 +269,32 @@ def test_sleep_mode_reload_is_caught_by_C(tmp_path, unpatched, guard):
 
 def test_sleep_mode_patched_no_alarm(tmp_path, guard):
     _sleep_cell()
+    _sleep_run(tmp_path)
+    assert guard() == []
+
+
+# -- the same on TRL 1.x: 1.0.0 - 1.9.2 carry 0.28's reload; 1.10.0 fixed it (PR #5313) -------------------------
+
+
+def test_sleep_mode_reload_on_1x_is_caught_by_C_and_W2_at_step_1(tmp_path, unpatched, guard):
+    guard_runs.vllm_run_or_skip(lambda v: v >= (1, 0), "vllm-sleep-mode-weights")
+    with unpatched("vllm-sleep-mode-weights"):
+        trainer = grpo_run.make_trainer(tmp_path, use_vllm=True, steps=3, vllm_enable_sleep_mode=True)
+        assert trainer.args.vllm_enable_sleep_mode and trainer.args.vllm_mode == "colocate"
+        trainer.train()
+    found = guard()
+    c, w2 = [a for a in found if a.check == "C"], [a for a in found if a.check == "W2"]
+    assert {a.check for a in found} == {"C", "W2"}, [a.line() for a in found]
+    # every generation after step 0 (steps 1 and 2 of 3) runs on the checkpoint reloaded from disk
+    assert [a.step for a in c] == [1, 2] and [a.step for a in w2] == [1, 2], [a.line() for a in found]
+    assert c[0].figures == {"last_sync_step": 1} and "reload_weights" in c[0].what
+    assert w2[0].figures["kind"] == "vLLM holds the initial/on-disk weights" and w2[0].figures["frac"] > 0.5
+    assert all(a.fix == "vllm-sleep-mode-weights" for a in found)
+
+
+def test_sleep_mode_fixed_upstream_no_alarm(tmp_path, guard):
+    """TRL 1.10+: the patch says "not needed" and TRL's own sleep mode runs clean under the guard."""
+    guard_runs.vllm_run_or_skip(lambda v: v >= (1, 10))
+    assert trl_compat.status("vllm-sleep-mode-weights") == trl_compat.NOT_NEEDED, trl_compat.report()
     _sleep_run(tmp_path)
     assert guard() == []

@@ -26,6 +26,7 @@ import tiny
 from versions import installed
 
 PATCH_ID = "tools-empty-list-server"
+TEMPLATE_ID = "tools-empty-list-template"  # fixes the same tools=[] at its source, in every mode
 TRL, VLLM = installed("trl"), installed("vllm")
 BUGGY = TRL is not None and (Version("0.26.0") <= TRL < Version("0.26.1") or Version("0.28.0") <= TRL < Version("0.29.0"))
 IN_CELL = BUGGY and VLLM is not None
@@ -170,7 +171,8 @@ def client(trainer):
 @pytest.mark.skipif(not IN_CELL, reason="TRL 0.26.0 / 0.28.0 with vLLM installed only")
 def test_unpatched_server_mode_chat_raises(tmp_path, server_mode, unpatched):
     assert trl_compat.status(PATCH_ID) == trl_compat.APPLIED, trl_compat.report()
-    trainer = server_trainer(tmp_path)
+    with unpatched(TEMPLATE_ID):  # it turns 0.26.0's tools=[] into None at __init__, hiding this bug too
+        trainer = server_trainer(tmp_path)
     with unpatched(PATCH_ID):
         assert trainer.tools == []
         with pytest.raises(NotImplementedError, match=NO_TOOLS):
@@ -179,9 +181,10 @@ def test_unpatched_server_mode_chat_raises(tmp_path, server_mode, unpatched):
 
 
 @pytest.mark.skipif(not IN_CELL, reason="TRL 0.26.0 / 0.28.0 with vLLM installed only")
-def test_patched_server_mode_step_completes(tmp_path, server_mode):
+def test_patched_server_mode_step_completes(tmp_path, server_mode, unpatched):
     assert trl_compat.status(PATCH_ID) == trl_compat.APPLIED, trl_compat.report()
-    trainer = server_trainer(tmp_path)
+    with unpatched(TEMPLATE_ID):  # this patch alone: TRL's trainer keeps tools=[]
+        trainer = server_trainer(tmp_path)
     patched_chat = client(trainer).chat
     calls = []
 

@@ -208,10 +208,9 @@ def test_probe_on_the_installed_trl():
 
     kind, _ = patch.variant(grpo_trainer)
     verdict = patch.probe(grpo_trainer)
-    if version >= (1, 0):  # the 1.x line moved on (PR #5313's idea, later refactors): the probe reads what is there
-        assert verdict.needed is (kind is not None), (kind, verdict)
-        return
-    expected = "0.28" if version >= (0, 28) else "0.26" if version >= (0, 26) else "0.25" if version >= (0, 25) else None
+    # 1.0.0 - 1.9.2 carry 0.28's code; 1.10.0 has PR #5313's _llm_weights_sleeping
+    releases = (((1, 10), None), ((0, 28), "0.28"), ((0, 26), "0.26"), ((0, 25), "0.25"))
+    expected = next((kind for since, kind in releases if version >= since), None)
     assert kind == expected
     assert verdict.needed is (expected is not None)
 

@@ -200,6 +200,7 @@ APPLIED = {
         "generation-config-model-defaults",
         "reward-func-partial-name",
         "tools-empty-list-server",
+        "tools-empty-list-template",
         "vllm-serve-raw-logprobs",
         "vllm-sleep-mode-weights",
     },
@@ -215,6 +216,7 @@ APPLIED = {
         "vllm-sleep-mode-weights",
     },
     # TRL 0.27.1 on transformers 5.1.0 (peft 0.18.1, no vLLM, no deepspeed): the last release that sets warnings_issued
+    # transformers 5: TRL 0.28 takes tools=[...]
     "trl0.27.1-tf5.1.0": {
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
@@ -226,23 +228,26 @@ APPLIED = {
         "dapo-masked-token-normalizer",
         "reward-func-partial-name",
         "tools-empty-list-server",
+        "tools-empty-list-template",
         "vllm-sleep-mode-weights",
     },
-    # transformers 5: TRL 0.28 takes tools=[...]
     "trl0.28.0-tf5.2.0": {
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "reward-func-partial-name",
         "tools-colocate-llm-attr",
         "tools-empty-list-server",
+        "tools-empty-list-template",
         "vllm-sleep-mode-weights",
     },
     "trl0.29.1-tf4.57.6": {
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "reward-func-partial-name",
+        "tools-empty-list-template",
         "vllm-sleep-mode-weights",
     },
+    "trl0.29.1-tf5.2.0": {"tool-suffix-eos-newline", "tools-empty-list-template", "vllm-sleep-mode-weights"},
     # TRL 1.x: stand-in vLLM 0.17.1 / 0.18.0 / 0.25.1 / 0.26.0 / 0.28.0; DeepSpeed 0.19.2 / 0.19.1 / 0.19.3 / - / -
     "trl1.0.0-tf4.57.6-ds0.19.2": {
         "dapo-generation-batch-normalizer",

@@ -468,9 +468,9 @@ PATCHES = [
         },
         remove_when="TRL < 0.26 is no longer supported",
     ),
-    # vllm-sleep-mode-weights wraps __init__ only to register the engine after TRL built it (every
-    # other __init__ wrapper's window ends before 0.20: no stacking), and vLLM's LLM methods, which
-    # no other patch changes
+    # vllm-sleep-mode-weights wraps __init__ only to register the engine after TRL built it
+    # (tools-empty-list-template, registered later, stacks above: each acts after TRL's __init__ on
+    # attributes the other never reads), and vLLM's LLM methods, which no other patch changes
     Patch(
         id="vllm-sleep-mode-weights",
         summary="colocate + vllm_enable_sleep_mode: sync after every level-2 sleep and keep TRL's reload from disk "
@@ -479,8 +479,8 @@ PATCHES = [
             "silent: vLLM samples from the initial checkpoint (0.26+: eval / unchanged steps; 0.28+: always, "
             "importance-sampling ratio ~1e-7) or from garbage weights (0.25)"
         ),
-        upstream="https://github.com/huggingface/trl/issues/5312 (not fixed in 0.x; PR #5313; vllm#29341)",
-        fixed_in={},
+        upstream="https://github.com/huggingface/trl/issues/5312 (fixed in 1.10.0 by PR #5313; vllm#29341)",
+        fixed_in={"trl": "1.10.0"},
         must_exist="GRPOTrainer._generate_single_turn",
         changes=(
             "GRPOTrainer.__init__",
@@ -490,9 +490,15 @@ PATCHES = [
             "vllm.entrypoints.llm:LLM.wake_up",
             "vllm.entrypoints.llm:LLM.collective_rpc",
         ),
-        requires={"trl": affected("0.25.0"), "vllm": ">=0"},
-        witnesses={"trl": {"inside": ["0.25.0", "0.26.0", "0.28.0", "0.29.1", "1.0.0"], "outside": ["0.24.0", "0.23.1"]}},
-        remove_when="trl_compat no longer supports TRL 0.25.0 - 0.29.1 (no 0.x release fixes it)",
+        # PR #5313 reached the 1.10.0 release; main builds before and after it are 1.10.0.dev0: the probe decides
+        requires={"trl": affected("0.25.0", "1.10.0"), "vllm": ">=0"},
+        witnesses={
+            "trl": {
+                "inside": ["0.25.0", "0.26.0", "0.28.0", "0.29.1", "1.0.0", "1.9.2", "1.10.0.dev0"],
+                "outside": ["0.24.0", "0.23.1", "1.10.0", "1.16.0"],
+            }
+        },
+        remove_when="trl_compat no longer supports TRL < 1.10 (0.25.0 - 1.9.2: no earlier release fixes it)",
     ),
     Patch(
         id="tools-colocate-llm-attr",
@@ -608,6 +614,42 @@ PATCHES = [
             "trl": {"inside": ["0.26.0", "0.26.1", "0.27.0.dev0", "0.27.2", "0.28.0", "0.29.0.dev0"], "outside": ["0.25.1", "0.29.0"]}
         },
         remove_when="trl_compat no longer supports TRL 0.26.0 and 0.28.x",
+    ),
+    # -- tools: the chat template of a run without tools (0.26.0, 0.28.0 - 0.29.1) and the tool turn's
+    # suffix ids (0.29.1). tools-empty-list-template wraps __init__ only to reset an empty tools
+    # list after TRL's own __init__; tool-suffix-eos-newline wraps a method no other patch changes.
+    Patch(
+        id="tools-empty-list-template",
+        summary="no tools: pass tools=None, not [], to the chat template (GRPOTrainer.tools and VLLMGeneration.tools)",
+        symptom=(
+            "silent: Llama-3.x-style templates (`tools is not none`) render tool-calling boilerplate "
+            '("Environment: ipython", function-calling instructions) into every prompt of a run without tools'
+        ),
+        upstream="https://github.com/huggingface/trl/issues/5379 (fixed in 1.0.0 by PR #5380)",
+        changes=("GRPOTrainer.__init__",),
+        # 0.26.1 - 0.27.2 keep None (PR #4663) and main was 1.0.0.dev0 from 0.29.0 to the fix
+        # (4890abf0a): the probe tells them apart
+        requires={"trl": affected("0.26.0", "1.0.0")},
+        witnesses={"trl": {"inside": ["0.26.0", "0.26.1", "0.28.0", "0.29.1", "1.0.0.dev0"], "outside": ["0.25.1", "1.0.0"]}},
+        fixed_in={"trl": "1.0.0"},
+        remove_when="trl_compat no longer supports TRL 0.26.0 and 0.28.0 - 0.29.1",
+    ),
+    Patch(
+        id="tool-suffix-eos-newline",
+        summary="tools + Qwen3-style templates: keep what the template writes after EOS (<|im_end|>\\n) in the ids "
+        "between a completion and its tool result",
+        symptom="silent: with Qwen3 / Qwen3.5 templates the newline after <|im_end|> is missing before every tool result",
+        upstream="https://github.com/huggingface/trl/issues/5317 (fixed in 1.0.0 by PR #5330)",
+        changes=("GRPOTrainer._get_tool_suffix_ids",),
+        # TRL 0.29.1 refuses tools on transformers < 5 (ImportError). The bug came with #5242 (0.29.1,
+        # main 1.0.0.dev0 ebdfe826f) and left with #5330 (5bb083cf8, main 1.0.0.dev0): the probe decides
+        requires={"trl": affected("0.29.1", "1.0.0"), "transformers": affected("5.0.0")},
+        witnesses={
+            "trl": {"inside": ["0.29.1", "1.0.0.dev0"], "outside": ["0.29.0", "1.0.0"]},
+            "transformers": {"inside": ["5.0.0", "5.2.0"], "outside": ["4.57.6"]},
+        },
+        fixed_in={"trl": "1.0.0"},
+        remove_when="trl_compat no longer supports TRL 0.29.1",
     ),
     # -- advice: known breaks an upgrade ends ------------------------------------------------------
     # Known breaks with newer (or older) vLLM / transformers / peft that no fix here could be

@@ -1,7 +1,7 @@
 """vllm-sleep-mode-weights: colocate + sleep mode, vLLM generates from garbage or checkpoint weights.
 
-Upstream: no 0.x release fixes it; the fix, PR #5313's ``_llm_weights_sleeping`` flag, is not on
-TRL's main branch as mirrored, and the same idea in PR #5355 was closed.
+Upstream: no 0.x release fixes it; PR #5313's ``_llm_weights_sleeping`` flag does, first in TRL
+1.10.0 (1.0.0 - 1.9.2 carry the 0.28 code); the same idea in PR #5355 was closed.
 
 The bug (TRL #5312, vllm#29341, #5142): with ``use_vllm=True``, ``vllm_mode="colocate"`` and
 ``vllm_enable_sleep_mode=True``, TRL puts its in-process ``vllm.LLM`` to sleep at level 2 after
@@ -22,7 +22,11 @@ on the release:
   wake + ``reload_weights``: every sync is overwritten from disk and vLLM *always* samples from the
   checkpoint (#5312: importance-sampling ratio ~1e-7, loss 0). 0.28.0 also syncs into the
   still-sleeping memory (#5142; 0.29.0's PR #5147 wakes first but keeps the reload in
-  ``generate``). Main-branch builds after 0.29 carry the 0.28+ code.
+  ``generate``). 1.0.0 - 1.9.2 (1.9.1 and 1.9.2 only as wheels) and the main-branch builds
+  between them carry the same code unchanged, in the same places.
+
+Fixed by PR #5313 (``_llm_weights_sleeping``: ``generate`` syncs when the weights were discarded
+instead of reloading from disk), first released in 1.10.0 (the same idea in PR #5355 was closed).
 
 Probe: reads TRL's generation code. 0.28+ variant: ``VLLMGeneration.generate`` calls
 ``collective_rpc("reload_weights")`` after ``wake_up`` and ``GRPOTrainer._generate_single_turn``
