@@ -109,10 +109,22 @@ KNOWN = {
     "entropy-mask-gather-hang": lambda v, vs: V("0.21.0") <= v and _fixed_in(v, "0.23.1", "0.24.0"),
     "qlora-peftmodel-frozen": lambda v, vs: V("0.22.0") <= v and _fixed_in(v, "0.23.1", "0.24.0"),
     "qlora-config-rebuild": lambda v, vs: _v(vs, "peft") is not None and V("0.22.0") <= v < V("0.23.0"),
-    "zero3-peft-mixed-dtype": lambda v, vs: _v(vs, "peft") is not None and (_v(vs, "deepspeed") or V("0")) >= V("0.19.2"),
+    # DeepSpeed 0.19.2 only (0.19.3 fixed it); TRL 1.7 fixed its peft_config path, a PeftModel passed in: every TRL
+    "zero3-peft-mixed-dtype": lambda v, vs: (
+        _v(vs, "peft") is not None and V("0.19.2") <= (_v(vs, "deepspeed") or V("0")) < V("0.19.3")
+    ),
     "tools-colocate-llm-attr": lambda v, vs: V("0.28.0") <= v and _fixed_in(v, "0.29.1", "1.0.0"),
     # research/bugs-1x.md C9: reward_funcs[i].__name__ until PR #6313 (1.9.0)
     "reward-func-partial-name": lambda v, vs: V("0.14.0") <= v < V("1.9.0"),
+    # research/bugs-1x.md S2, S3 (PR #6024 in the 1.9.1 wheel; PR #6439, 1.9.0), C2 (PR #6356, 1.9.0), S5 (PR #5380),
+    # S6 (PR #5330): both 1.0.0; tools on 0.29.1 need transformers 5
+    "dapo-generation-batch-normalizer": lambda v, vs: V("0.22.0") <= v < V("1.9.1"),
+    "dapo-masked-token-normalizer": lambda v, vs: V("0.22.0") <= v < V("1.9.0"),
+    "peft-zero3-gc-reentrant": lambda v, vs: (
+        _v(vs, "peft") is not None and _v(vs, "deepspeed") is not None and V("0.27.0") <= v < V("1.9.0")
+    ),
+    "tools-empty-list-template": lambda v, vs: v == V("0.26.0") or V("0.28.0") <= v < V("1.0.0"),
+    "tool-suffix-eos-newline": lambda v, vs: v == V("0.29.1") and _v(vs, "transformers") >= V("5.0.0"),
 }
 
 # Main-branch commits (reporting X.dev0) around the windows' bounds, with what research found in their
