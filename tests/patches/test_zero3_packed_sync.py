@@ -28,6 +28,8 @@ import importlib.util
 import pytest
 from packaging.version import Version
 
+pytest.importorskip("torch")
+
 from grpo_run import LORA_TARGETS
 from versions import installed
 from workers import launch_two
