@@ -66,7 +66,8 @@ __all__ = [
 ]
 
 # Loaded from the engine on first use (PEP 562): the statuses, the records and the readers.
-_FROM_ENGINE = frozenset(__all__) - {"install", "revert", "__version__"} | {"strict"}
+# (``register`` and ``settings`` too: this module bound them by importing them before its names were lazy.)
+_FROM_ENGINE = frozenset(__all__) - {"install", "revert", "__version__"} | {"strict", "register", "settings"}
 
 
 def __getattr__(name: str) -> object:
@@ -75,7 +76,10 @@ def __getattr__(name: str) -> object:
     from trl_compat import _engine
     from trl_compat._engine import reporting
 
-    value = getattr(reporting if name == "UnknownPatchId" else _engine, name)
+    if name == "settings":
+        from trl_compat._engine import settings as value
+    else:
+        value = getattr(reporting if name == "UnknownPatchId" else _engine, name)
     globals()[name] = value
     return value
 
