@@ -153,8 +153,8 @@ def test_headline_inside_the_known_releases():
         ("0.12.0", False, "older", "it has no GRPOTrainer (added in 0.14.0), so every patch says 'not needed'"),
         ("0.13.0", True, "older", "it has no GRPOTrainer"),
         ("0.16.0", False, "older", "it has no GRPOTrainer"),  # a build without the module
-        ("1.16.0", True, "newer", f"is newer than the newest release trl_compat knows ({NEWEST_KNOWN_TRL})"),
-        ("0.29.2.dev0", True, "newer", "is newer than the newest release"),
+        ("1.17.0", True, "newer", f"is newer than the newest release trl_compat knows ({NEWEST_KNOWN_TRL})"),
+        ("1.16.1.dev0", True, "newer", "is newer than the newest release"),
         (None, False, "not installed", "trl is not installed: no patch applies"),
     ],
 )
@@ -164,7 +164,7 @@ def test_headline_outside_the_known_releases(version, has_grpo, where, says):
     assert cli.headline(trl_compat.__version__, trl) == f"trl_compat {trl_compat.__version__}: {trl['note']}"
 
 
-@pytest.mark.parametrize("version", ["1.16.0", "0.12.0", None])
+@pytest.mark.parametrize("version", ["1.17.0", "0.12.0", None])
 def test_report_headline_comes_first(monkeypatch, version):
     real = cli.dist_version
     monkeypatch.setattr(cli, "dist_version", lambda dist: version if dist == "trl" else real(dist))
@@ -173,7 +173,7 @@ def test_report_headline_comes_first(monkeypatch, version):
     data = cli.collect()
     assert list(data)[:2] == ["trl_compat", "headline"] and data["trl_compat"] == trl_compat.__version__
     assert data["headline"].startswith(f"trl_compat {trl_compat.__version__}: "), data["headline"]
-    assert data["trl"]["where"] == {"1.16.0": "newer", "0.12.0": "older", None: "not installed"}[version]
+    assert data["trl"]["where"] == {"1.17.0": "newer", "0.12.0": "older", None: "not installed"}[version]
     assert cli.render(data).splitlines()[0] == data["headline"]
 
 

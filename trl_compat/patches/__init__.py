@@ -25,7 +25,7 @@ from trl_compat._engine.versions import affected
 # against them (matrix/SWEEP.md). GRPOTrainer appeared in 0.14.0. `python -m trl_compat` says when
 # the installed TRL lies outside.
 OLDEST_KNOWN_TRL = "0.14.0"
-NEWEST_KNOWN_TRL = "0.29.1"
+NEWEST_KNOWN_TRL = "1.16.0"
 
 # transformers5-use-cache's window (transformers5-import has its own since it reaches 0.28): TRL releases
 # trl_compat supports (< 0.20, and the 0.20.0.dev0 builds that still carry 0.19's code) on transformers 5.
