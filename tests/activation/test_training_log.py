@@ -197,8 +197,7 @@ def test_strict_failure_is_trl_compats_own_error(model_dir, tmp_path):
     assert out.returncode != 0 and "IMPORTED" in out.stdout, out.stdout + out.stderr[-4000:]
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith(
-        "trl_compat.TrlCompatError: TRL_COMPAT_STRICT=1: test-strict-probe: failed: "
-        "probe raised ValueError: the probe exploded"
+        "trl_compat.TrlCompatError: TRL_COMPAT_STRICT=1: test-strict-probe: failed: probe raised ValueError: the probe exploded"
     ), out.stderr[-4000:]
     assert "Failed to import" not in out.stderr, out.stderr[-4000:]
 
