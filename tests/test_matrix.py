@@ -1,8 +1,9 @@
 """The matrix's lists agree (stack-free: reads tox.ini, matrix/cells/ and matrix/sweep.py only).
 
-- ``tox.ini``'s ``env_list`` runs every cell of ``matrix/cells/``, and names nothing else that would
-  fall to the default env (whose deps are ``matrix/cells/{env_name}.txt``): an extra has its own
-  ``[testenv:...]`` section.
+- ``tox.ini``'s ``env_list`` runs every cell of ``matrix/cells/`` but those of its ``by-hand`` label
+  (each with a section of its own, so that ``tox -e <cell>`` finds it), and names nothing else that
+  would fall to the default env (whose deps are ``matrix/cells/{env_name}.txt``): an extra has its
+  own ``[testenv:...]`` section.
 - ``matrix/sweep.py`` reads what a main-branch build must say from the commits that brought and
   fixed each bug (``expected_at``), on a small git history built here.
 """
@@ -25,13 +26,24 @@ def env_list():
     return [e for e in entries if e], {s.split(":", 1)[1] for s in tox.sections() if s.startswith("testenv:")}
 
 
+def by_hand():
+    """The cells of the ``by-hand`` label: run before each release, not in the default run."""
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(ROOT / "tox.ini")
+    labels = {k.strip(): v for k, v in (line.split("=", 1) for line in tox["tox"].get("labels", "").splitlines() if "=" in line)}
+    return [c.strip() for c in labels.get("by-hand", "").split(",") if c.strip()]
+
+
 def test_tox_env_list_runs_every_cell_and_only_known_extras():
     envs, own_sections = env_list()
     cells = {path.stem for path in (ROOT / "matrix" / "cells").glob("*.txt")}
     assert cells, "no cells found in matrix/cells"
     assert len(envs) == len(set(envs)), f"env_list names an env twice: {sorted(e for e in envs if envs.count(e) > 1)}"
-    missing = sorted(cells - set(envs))
-    assert not missing, f"cells in matrix/cells/ that tox.ini's env_list does not run: {missing}"
+    hand = by_hand()
+    assert not set(hand) & set(envs), f"cells both in the default run and by hand: {sorted(set(hand) & set(envs))}"
+    assert set(hand) <= cells and set(hand) <= own_sections, f"by-hand cells need a lock file and a [testenv:<cell>] section: {hand}"
+    missing = sorted(cells - set(envs) - set(hand))
+    assert not missing, f"cells in matrix/cells/ that neither tox.ini's env_list nor its by-hand label runs: {missing}"
     unknown = sorted(e for e in envs if e not in cells and e not in own_sections)
     assert not unknown, f"env_list names envs with neither a matrix/cells/<env>.txt nor a [testenv:<env>] section: {unknown}"
 
