@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     )
     from trl_compat._engine.reporting import UnknownPatchId
 
-__version__ = "0.2.0"
+__version__ = "0.2.1.dev0"
 
 __all__ = [
     "APPLIED",
