@@ -17,7 +17,7 @@ variants in rotating order (so that the machine's load falls on all of them alik
 It reports the median CPU time (user + system, from ``wait4``) of each, its ratio to the
 interpreter alone, and the number of modules each leaves in ``sys.modules``. Writes markdown::
 
-    /tmp/venv/bin/python benchmarks/import_cost.py [--rounds 40] [--out benchmarks/import_cost.md]
+    .venv/bin/python benchmarks/import_cost.py [--rounds 40] [--out benchmarks/import_cost.md]
 """
 
 import argparse
