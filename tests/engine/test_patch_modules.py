@@ -1,8 +1,10 @@
 """What the patch modules and the off-policy guard say of the registry, read from their source
 (nothing imported but the registry: stack-free).
 
-- A patch's window and removal condition live in its registry entry only: its module's docstring
-  traces the bug and does not repeat them ("Affected: ...", "Remove this patch when ...").
+- A patch's window and removal condition live in its registry entry: its module's docstring traces
+  the bug and does not restate them in its own words ("Affected: ...", "Remove this patch when ...");
+  it says when to delete the patch with the registry's ``remove_when`` word for word ("Delete when:"),
+  which a test holds equal.
 - The run-time policy: a patch that is not advice either keeps its own bookkeeping inside
   ``guarded(...)`` (the fallback helper) or says in its docstring that its errors must reach the
   user ("load-bearing: errors propagate").
@@ -108,3 +110,12 @@ def test_every_patch_id_the_guard_names_is_a_registry_entry():
     assert len(named) >= 5, f"the guard names fewer patch ids than it did ({sorted(named)}): is the collector still reading it?"
     unknown = {pid: files for pid, files in named.items() if pid not in IDS}
     assert not unknown, f"the guard names patch ids no registry entry has: {unknown}"
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.id)
+def test_the_docstring_says_when_to_delete_the_patch_as_the_registry_does(patch):
+    # one fact, two places a reader looks: the registry's remove_when is the source, the docstring repeats it
+    said = " ".join(docstring(patch.impl).split())
+    assert f"Delete when: {patch.remove_when.rstrip('.')} (the registry's" in said, (
+        f"{patch.impl}'s docstring must say 'Delete when: {patch.remove_when.rstrip('.')}' (its registry entry's remove_when)"
+    )

@@ -31,6 +31,9 @@ GPU only) run TRL's code untouched; the caller's ``inputs`` is never changed.
 
 Run time: load-bearing: errors propagate. What this patch's wrapper does is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: TRL < 1.9.1 is no longer supported (the registry's ``remove_when``; a test holds the
+two equal).
 """
 
 from __future__ import annotations

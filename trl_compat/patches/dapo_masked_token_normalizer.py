@@ -30,6 +30,9 @@ collective, as TRL's own is at that point).
 
 Run time: load-bearing: errors propagate. What this patch's wrapper does is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: TRL < 1.9.0 is no longer supported (the registry's ``remove_when``; a test holds the
+two equal).
 """
 
 from __future__ import annotations

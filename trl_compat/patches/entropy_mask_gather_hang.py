@@ -32,6 +32,9 @@ The fix
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: TRL 0.21.0 - 0.23.0 are no longer supported (the registry's ``remove_when``; a test
+holds the two equal).
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ eval curve would jump by that factor after step 0.
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: TRL < 0.27.1 is no longer supported (the registry's ``remove_when``; a test holds the
+two equal).
 """
 
 from __future__ import annotations

@@ -46,6 +46,9 @@ makes generation sample with the settings the user gave TRL and that TRL's loss 
 TRL's own fix does). Not covered: ``use_transformers_paged`` (``generate_batch``, TRL 0.20+, which
 does not go through ``generate``), vLLM (no ``generate`` call), TRL's other trainers, and a user
 subclass that replaces the sampling method without calling TRL's.
+
+Delete when: trl_compat no longer supports TRL < 0.26.2 on transformers 4.50 - 4.57 (the registry's
+``remove_when``; a test holds the two equal).
 """
 
 from __future__ import annotations

@@ -30,6 +30,9 @@ tokenizer's mask only if a prompt itself starts with the pad token.
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: TRL 0.14.0 is no longer supported (the registry's ``remove_when``; a test holds the two
+equal).
 """
 
 from __future__ import annotations

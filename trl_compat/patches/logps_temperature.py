@@ -28,6 +28,9 @@ calls made from that function by ``args.temperature``, after the module's other 
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: TRL 0.15.x is no longer supported (the registry's ``remove_when``; a test holds the two
+equal).
 """
 
 from __future__ import annotations

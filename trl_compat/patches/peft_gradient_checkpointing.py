@@ -24,6 +24,9 @@ makes the embedding output require grad, so the checkpointed layers carry a grap
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: TRL 0.15.x is no longer supported (the registry's ``remove_when``; a test holds the two
+equal).
 """
 
 from __future__ import annotations

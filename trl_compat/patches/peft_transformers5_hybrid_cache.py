@@ -25,7 +25,11 @@ Why no fix
     transformers' ``_LazyModule.__init__`` to export it: it must run before peft is imported and
     gives peft a class that is not the one its Gemma-2/3 prefix-tuning code expects. Upgrading
     peft to 0.18.0, the first release for transformers 5, ends it for good. ``changes`` names the
-    attributes TRL's shim sets."""
+    attributes TRL's shim sets.
+
+Delete when: trl_compat no longer supports TRL < 0.28 on transformers 5 (the registry's
+``remove_when``; a test holds the two equal).
+"""
 
 from __future__ import annotations
 

@@ -34,6 +34,9 @@ test), it does what TRL 0.23.1's function does there: enable gradient checkpoint
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: TRL 0.22.x and 0.23.0 are no longer supported (the registry's ``remove_when``; a test
+holds the two equal).
 """
 
 from __future__ import annotations

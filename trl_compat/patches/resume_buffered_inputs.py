@@ -26,6 +26,9 @@ generate and score on the batch the dataloader gave, buffer it in that slot, adv
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: trl_compat no longer supports TRL 0.16.x (the registry's ``remove_when``; a test holds
+the two equal).
 """
 
 from __future__ import annotations

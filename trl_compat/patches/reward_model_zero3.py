@@ -28,6 +28,9 @@ from ``config``); its engine is kept in ``trainer._trl_compat_reward_engines``.
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: trl_compat no longer supports TRL < 0.17.0 (the registry's ``remove_when``; a test
+holds the two equal).
 """
 
 from __future__ import annotations

@@ -37,6 +37,9 @@ hold; a drop-in upgrade is the better answer for the one value introduced in the
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: TRL 0.22.0 and 0.22.1 are no longer supported (the registry's ``remove_when``; a test
+holds the two equal).
 """
 
 from __future__ import annotations

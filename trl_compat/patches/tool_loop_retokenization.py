@@ -54,6 +54,9 @@ Probe: ``GRPOTrainer`` has a ``_tool_call_loop`` that re-tokenises the conversat
 ``apply_chat_template`` and no ``_get_tool_suffix_ids`` (the fix): "undecided" (with the reason
 above, naming TRL 0.29.1). No ``_tool_call_loop`` (before 0.26.0) or the fix present (0.29.1+):
 "not needed". ``apply`` is never reached.
+
+Delete when: TRL 0.26.0 - 0.29.0 are no longer supported (the registry's ``remove_when``; a test
+holds the two equal).
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ as 0.29.1 does, instead of #5330's ``max()`` of nothing.
 
 Run time: load-bearing: errors propagate. What this patch's wrapper does is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: trl_compat no longer supports TRL 0.29.1 (the registry's ``remove_when``; a test holds
+the two equal).
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ stores on the instance, which the property then returns.
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: TRL 0.28.x and 0.29.0 are no longer supported (the registry's ``remove_when``; a test
+holds the two equal).
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ implemented in 0.26 - 0.28).
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: trl_compat no longer supports TRL 0.26.0 and 0.28.x (the registry's ``remove_when``; a
+test holds the two equal).
 """
 
 from __future__ import annotations

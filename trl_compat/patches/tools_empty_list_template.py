@@ -35,6 +35,9 @@ is left as it is.
 
 Run time: load-bearing: errors propagate. What this patch's wrapper does is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: trl_compat no longer supports TRL 0.26.0 and 0.28.0 - 0.29.1 (the registry's
+``remove_when``; a test holds the two equal).
 """
 
 from __future__ import annotations

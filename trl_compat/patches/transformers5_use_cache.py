@@ -32,6 +32,9 @@ transformers5-import the one that stops ``from trl import GRPOTrainer``.
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: trl_compat drops TRL < 0.20 on transformers 5 (the registry's ``remove_when``; a test
+holds the two equal).
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ transformers5-use-cache fixes the other transformers-5 bug of the same ``__init_
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: trl_compat drops TRL < 0.27.2 on transformers >= 5.1 (the registry's ``remove_when``; a
+test holds the two equal).
 """
 
 from __future__ import annotations

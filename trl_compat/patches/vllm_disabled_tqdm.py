@@ -38,6 +38,9 @@ Why no fix
     is small, but the bug lives in vLLM's code, and no real vLLM runs on trl_compat's CPU test
     machines (the stand-in is not vLLM): the fix could not be proved. Upgrading vLLM to 0.11.1
     (or huggingface_hub to 1.10.0, or keeping it < 1.1) ends it. ``changes`` names what TRL's shim replaces.
+
+Delete when: trl_compat no longer supports TRL < 0.26, nor TRL >= 1.3 with vLLM < 0.11.1 (the
+registry's ``remove_when``; a test holds the two equal).
 """
 
 from __future__ import annotations

@@ -29,6 +29,9 @@ stripped). This changes what vLLM generates for those prompts: after one BOS, as
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: TRL < 0.24 is no longer supported (the registry's ``remove_when``; a test holds the two
+equal).
 """
 
 from __future__ import annotations

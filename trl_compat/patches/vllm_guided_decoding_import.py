@@ -37,6 +37,9 @@ TRL module is wrapped, when the installed ``SamplingParams`` takes no ``guided_d
 ``guided_decoding=`` reaches it as ``structured_outputs=``. Errors in these hooks are logged and
 the import goes on (TRL then fails as it would without trl_compat); under TRL_COMPAT_STRICT=1 they
 propagate.
+
+Delete when: trl_compat no longer supports TRL < 0.27.0 (the registry's ``remove_when``; a test
+holds the two equal).
 """
 
 from __future__ import annotations

@@ -23,6 +23,9 @@ Main-branch builds: 0.16.0.dev0 builds older than PR #2873 have the bug too.
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: TRL < 0.15.1 is no longer supported (the registry's ``remove_when``; a test holds the
+two equal).
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ special tokens, as the loss sees it.
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: TRL 0.19.0 is no longer supported (the registry's ``remove_when``; a test holds the two
+equal).
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ function vLLM 0.14 itself uses, so TRL's import line finds it.
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: trl_compat no longer supports TRL < 0.28.0 (the registry's ``remove_when``; a test
+holds the two equal).
 """
 
 from __future__ import annotations

@@ -61,6 +61,9 @@ run vLLM's code unchanged.
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: trl_compat no longer supports TRL < 1.10 (0.25.0 - 1.9.2: no earlier release fixes it)
+(the registry's ``remove_when``; a test holds the two equal).
 """
 
 from __future__ import annotations

@@ -26,6 +26,9 @@ Why no fix
     other vLLM modules bind by name), and no real vLLM runs on trl_compat's CPU test machines:
     it could not be proved. Upgrading vLLM to 0.12.0 (or staying on transformers 4.x) ends it.
     ``changes`` names what TRL's shim replaces.
+
+Delete when: trl_compat no longer supports TRL < 0.26, nor TRL >= 1.3 with vLLM < 0.12 on
+transformers 5 (the registry's ``remove_when``; a test holds the two equal).
 """
 
 from __future__ import annotations

@@ -31,6 +31,9 @@ if it still holds the "0" this patch set.
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: TRL 0.14.x and 0.15.x are no longer supported (or vLLM < 0.11, the last releases with
+the V0 engine the patch selects) (the registry's ``remove_when``; a test holds the two equal).
 """
 
 from __future__ import annotations

@@ -37,6 +37,9 @@ The fix
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: trl_compat drops support for TRL < 0.16.0 (the registry's ``remove_when``; a test holds
+the two equal).
 """
 
 from __future__ import annotations

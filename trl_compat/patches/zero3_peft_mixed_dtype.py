@@ -52,6 +52,9 @@ The fix
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: trl_compat no longer supports DeepSpeed 0.19.2 (the registry's ``remove_when``; a test
+holds the two equal).
 """
 
 from __future__ import annotations

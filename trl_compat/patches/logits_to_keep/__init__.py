@@ -70,6 +70,10 @@ The fix
 
 Parts: ``trl_call`` (what TRL asks for), ``accepts`` (what the model takes, and the action),
 ``forward`` (the per-instance wrapper and its undo), ``prepare`` (TRL's entry point).
+
+Delete when: trl_compat drops TRL < 0.20, or requires transformers >= 4.49 for TRL 0.15-0.18 and no
+longer supports TRL 0.14.0/0.19.x with models whose forward lacks logits_to_keep (the registry's
+``remove_when``; a test holds the two equal).
 """
 
 from __future__ import annotations

@@ -46,6 +46,9 @@ Parts: ``scan`` (the bytecode walk), ``stand_ins`` (what is bound, and the ``pef
 
 Run time: load-bearing: errors propagate. What this patch's wrappers do is the fix itself: falling
 back to TRL's own code on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
+
+Delete when: trl_compat drops support for TRL < 0.16.0 (and 0.16.0.dev0 installs older than PR
+#2848) (the registry's ``remove_when``; a test holds the two equal).
 """
 
 from __future__ import annotations
