@@ -34,11 +34,11 @@ if TYPE_CHECKING:
         Patch,
         PatchStatus,
         TrlCompatError,
+        UnknownPatchId,
         applied,
         report,
         status,
     )
-    from trl_compat._engine.reporting import UnknownPatchId
 
 __version__ = "0.2.1.dev0"
 
@@ -73,13 +73,12 @@ _FROM_ENGINE = frozenset(__all__) - {"install", "revert", "__version__"} | {"str
 def __getattr__(name: str) -> object:
     if name not in _FROM_ENGINE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from trl_compat import _engine
-    from trl_compat._engine import reporting
+    import importlib
 
-    if name == "settings":
-        from trl_compat._engine import settings as value
-    else:
-        value = getattr(reporting if name == "UnknownPatchId" else _engine, name)
+    from trl_compat import _engine
+
+    # settings is a module of the engine; every other name one of its lazy names
+    value = importlib.import_module("trl_compat._engine.settings") if name == "settings" else getattr(_engine, name)
     globals()[name] = value
     return value
 

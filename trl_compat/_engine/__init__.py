@@ -55,7 +55,7 @@ if TYPE_CHECKING:
         undecided,
     )
     from trl_compat._engine.patcher import MARKER, AlreadyPatched, Patcher, UndeclaredChange, markers, raw_attribute
-    from trl_compat._engine.reporting import applied, report, status
+    from trl_compat._engine.reporting import UnknownPatchId, applied, report, status
     from trl_compat._engine.settings import strict
     from trl_compat._engine.settings import switch as switched_on
     from trl_compat._engine.state import register, registry
@@ -81,6 +81,7 @@ _LAZY = {
     "UNDECIDED": ("patch", "UNDECIDED"),
     "UNKNOWN_VERSION": ("patch", "UNKNOWN_VERSION"),
     "UndeclaredChange": ("patcher", "UndeclaredChange"),
+    "UnknownPatchId": ("reporting", "UnknownPatchId"),
     "Verdict": ("patch", "Verdict"),
     "affected": ("versions", "affected"),
     "applied": ("reporting", "applied"),
@@ -124,6 +125,7 @@ __all__ = [
     "SourceUnavailable",
     "TrlCompatError",
     "UndeclaredChange",
+    "UnknownPatchId",
     "Verdict",
     "affected",
     "applied",
