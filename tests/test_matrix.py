@@ -19,18 +19,22 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def env_list():
+def tox_ini():
     tox = configparser.ConfigParser(interpolation=None)
     tox.read(ROOT / "tox.ini")
+    return tox
+
+
+def env_list():
+    tox = tox_ini()
     entries = [line.split("#")[0].strip() for line in tox["tox"]["env_list"].splitlines()]
     return [e for e in entries if e], {s.split(":", 1)[1] for s in tox.sections() if s.startswith("testenv:")}
 
 
 def by_hand():
     """The cells of the ``by-hand`` label: run before each release, not in the default run."""
-    tox = configparser.ConfigParser(interpolation=None)
-    tox.read(ROOT / "tox.ini")
-    labels = {k.strip(): v for k, v in (line.split("=", 1) for line in tox["tox"].get("labels", "").splitlines() if "=" in line)}
+    lines = tox_ini()["tox"].get("labels", "").splitlines()
+    labels = {k.strip(): v for k, v in (line.split("=", 1) for line in lines if "=" in line)}
     return [c.strip() for c in labels.get("by-hand", "").split(",") if c.strip()]
 
 
