@@ -39,6 +39,7 @@ from trl_compat.activation import launcher
 
 import pytest
 
+from cells import engine_cells
 from expected_status import APPLIED, OPT_IN
 from versions import installed
 from workers import SUPPORT
@@ -245,6 +246,7 @@ def test_describe_names_the_mechanism():
     assert neither["this_process"] == activation.IMPORTED  # pytest imported it
 
 
+@engine_cells
 def test_report_says_how_in_json_and_text():
     # TRL_COMPAT_DISABLE=*: nothing pending, so the report imports no trigger module (fast everywhere).
     env = base_env(TRL_COMPAT_DISABLE="*")

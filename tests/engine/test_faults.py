@@ -16,6 +16,8 @@ from trl_compat.patches import PATCHES
 
 import pytest
 
+from cells import engine_cells
+
 pytest.importorskip("trl")
 import trl.models.utils
 import trl.trainer.grpo_trainer  # noqa: F401
@@ -219,6 +221,7 @@ def test_a_user_subclass_that_overrides_the_target_is_reported(applied_patch):
     del sub
 
 
+@engine_cells
 def test_importing_trl_compat_and_trl_in_two_threads_patches_once(fresh_cli, run_py):
     code = textwrap.dedent("""
         import json, threading, sys

@@ -14,6 +14,8 @@ from trl_compat.patches import PATCHES
 
 import pytest
 
+from cells import engine_cells
+
 
 @pytest.fixture
 def fresh_module(tmp_path, monkeypatch):
@@ -109,6 +111,7 @@ ORDERS = {
 }
 
 
+@engine_cells
 def test_import_order_does_not_matter_on_real_trl(fresh_cli, run_py):
     """trl_compat first (the CLI's process: it imports every trigger module after trl_compat)
     and trl first end with the same statuses."""

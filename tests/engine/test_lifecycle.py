@@ -17,6 +17,8 @@ from trl_compat.patches import PATCHES
 
 import pytest
 
+from cells import engine_cells
+
 
 def test_applies_when_the_module_is_imported_after_install(fake_pkg, make_patch):
     patch = make_patch(fake_pkg)
@@ -416,6 +418,7 @@ print(json.dumps(out))
 """.strip()
 
 
+@engine_cells
 @pytest.mark.every_cell  # reads the installed stack
 def test_import_loads_no_patch_module_until_its_trigger_module_is_imported(tmp_path):
     """``import trl_compat`` reads the registry's data only: no patch module and none of the heavy

@@ -15,6 +15,8 @@ from trl_compat.patches import NEWEST_KNOWN_TRL, OLDEST_KNOWN_TRL, PATCHES
 
 import pytest
 
+from cells import engine_cells
+
 ACCEPTED = "(on: 1, true, yes, on; off: 0, false, no, off or unset); assumed off"
 KNOWN = [p.id for p in PATCHES]
 OPT_IN = sorted({p.opt_in for p in PATCHES if p.opt_in})
@@ -92,6 +94,7 @@ def _report(env_extra, *args):
     return subprocess.run([sys.executable, "-m", "trl_compat", *args], env=env, capture_output=True, text=True, timeout=120)
 
 
+@engine_cells
 @pytest.mark.parametrize("variable,value", [(settings.AUTO, "maybe"), (settings.STRICT, "enabled"), (settings.QUIET, "sometimes")])
 def test_the_report_shows_a_bad_value_and_the_process_warns_once(variable, value):
     out = _report({variable: value}, "--json")

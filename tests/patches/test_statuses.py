@@ -2,11 +2,13 @@
 (tests/support/expected_status.py), and what the report says of the patches that apply.
 
 The statuses come from a fresh interpreter running ``python -m trl_compat --json`` (it imports
-every trigger module), so the earlier tests of this session cannot change them."""
+every trigger module), so the earlier tests of this session cannot change them: in a tox cell, the
+report matrix/cell_report.py wrote from one just before pytest."""
 
 import importlib
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -56,10 +58,18 @@ FIXED_CODE_REASONS = {
 
 
 @pytest.fixture(scope="module")
-def report():
-    out = subprocess.run([sys.executable, "-m", "trl_compat", "--json"], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    return {rec["id"]: rec for rec in json.loads(out.stdout)["patches"]}
+def report(request):
+    # tox writes the same report with matrix/cell_report.py just before pytest, in the same
+    # environment, beside the JUnit XML: read it rather than pay a second fresh interpreter
+    xml = getattr(request.config.option, "xmlpath", None)
+    written = pathlib.Path(xml).with_suffix(".json") if xml else None
+    if written is not None and written.exists():
+        text = written.read_text()
+    else:
+        out = subprocess.run([sys.executable, "-m", "trl_compat", "--json"], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        text = out.stdout
+    return {rec["id"]: rec for rec in json.loads(text)["patches"]}
 
 
 # Patches the cell switches off (tox.ini sets TRL_COMPAT_DISABLE for it): "disabled" whatever the probe finds.
