@@ -7,6 +7,7 @@ env that runs tests but has no cell report (``package``).
 """
 
 import collections
+import configparser
 import datetime
 import json
 import pathlib
@@ -14,11 +15,26 @@ import sys
 import xml.etree.ElementTree as ET
 
 STACK = ("torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "vllm")
-# Envs run by hand before each release, not in the default run (tox.ini): their rows are a section of
-# their own at the end of RESULTS.md, written when their results are in RESULTS_DIR and otherwise carried
-# over from the RESULTS.md being replaced, so that a default run keeps the last by-hand rows and their date.
-BY_HAND = ("vllm-cpu-real-0.10-",)
+# Envs run by hand before each release, not in the default run: the cells of tox.ini's by-hand label and
+# the rows of vllm-cpu-real-0.10. Their rows are a section of their own at the end of RESULTS.md, one row
+# per env with the date it ran: an env whose results are in RESULTS_DIR gets today's row, every other keeps
+# its row from the RESULTS.md being replaced, so that a run of some of them keeps the others' last rows.
+BY_HAND_PREFIXES = ("vllm-cpu-real-0.10-",)
 BY_HAND_HEADING = "## Run by hand before each release"
+BY_HAND_COLUMNS = ("cell", "date", "applied", "disabled", "tests (passed / failed / skipped per module)")
+
+
+def by_hand_cells(tox_ini=pathlib.Path(__file__).parents[1] / "tox.ini"):
+    """The cells of tox.ini's ``by-hand`` label."""
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(tox_ini)
+    lines = tox["tox"].get("labels", "").splitlines()
+    labels = {k.strip(): v for k, v in (line.split("=", 1) for line in lines if "=" in line)}
+    return {c.strip() for c in labels.get("by-hand", "").split(",") if c.strip()}
+
+
+def is_by_hand(env, hand):
+    return env in hand or env.startswith(BY_HAND_PREFIXES)
 
 
 def outcomes(xml_path):
@@ -52,8 +68,9 @@ def guard_rows(results_dir, tested):
 
 def main(results_dir, output):
     results_dir = pathlib.Path(results_dir)
-    cells = sorted(p.stem for p in results_dir.glob("*.json") if not p.stem.startswith(BY_HAND))
-    by_hand = sorted(p.stem for p in results_dir.glob("*.json") if p.stem.startswith(BY_HAND))
+    hand = by_hand_cells()
+    cells = sorted(p.stem for p in results_dir.glob("*.json") if not is_by_hand(p.stem, hand))
+    by_hand = sorted(p.stem for p in results_dir.glob("*.json") if is_by_hand(p.stem, hand))
     # A cell whose venv never installed leaves no report: say so instead of
     # quietly writing a table without it.
     here = pathlib.Path(__file__).parent
@@ -61,10 +78,10 @@ def main(results_dir, output):
     # the vllm-cpu-real cell reports once per TRL release it swaps in (matrix/vllm_cpu/run_cell.py)
     releases = (here / "vllm_cpu" / "trl-releases.txt").read_text().splitlines()
     declared += [f"vllm-cpu-real-trl{r.strip()}" for r in releases if r.strip() and not r.startswith("#")]
-    missing = [c for c in declared if c not in cells]
+    missing = [c for c in declared if c not in cells and not is_by_hand(c, hand)]
     reports = {c: json.loads((results_dir / f"{c}.json").read_text()) for c in cells}
     # an env without a report (package) has a row in the tests table only
-    tested = sorted(set(cells) | {p.stem for p in results_dir.glob("*.xml") if not p.stem.startswith(BY_HAND)})
+    tested = sorted(set(cells) | {p.stem for p in results_dir.glob("*.xml") if not is_by_hand(p.stem, hand)})
     tests = {c: outcomes(results_dir / f"{c}.xml") for c in tested}
     patch_ids = []
     for data in reports.values():
@@ -153,10 +170,8 @@ def main(results_dir, output):
         # only by-hand envs ran (`tox -e vllm-cpu-real-0.10,results`): the default run's tables stay
         lines = head.rstrip("\n").splitlines()
         missing = []
-    if by_hand:
-        lines += [""] + by_hand_section(results_dir, by_hand, total)
-    elif kept:
-        lines += ["", (BY_HAND_HEADING + kept).rstrip("\n")]
+    if by_hand or kept:
+        lines += [""] + by_hand_section(results_dir, by_hand, total, carried_rows(kept))
     pathlib.Path(output).write_text("\n".join(lines) + "\n")
     print(f"wrote {output} for {len(cells)} cells")
     print(f"matrix: {total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
@@ -165,17 +180,37 @@ def main(results_dir, output):
     return 1 if total["failed"] or not (cells or by_hand) else 0
 
 
-def by_hand_section(results_dir, cells, total):
-    """The by-hand envs' rows: applied / disabled patches, tests per module, versions; counted into ``total``."""
+def carried_rows(section):
+    """{env: its table row} from the by-hand section of the RESULTS.md being replaced; a row written
+    before the section had a date column gets the date the section's text gives."""
+    rows, columns = {}, None
+    date = next((w.rstrip(".") for w in section.split() if w[:2] == "20" and w.count("-") == 2), "?")
+    for line in section.splitlines():
+        if not line.startswith("| "):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] == "cell":
+            columns = cells
+        elif columns and not set(cells[0]) <= {"-"}:
+            rows[cells[0]] = cells if "date" in columns else [cells[0], date, *cells[1:]]
+    return rows
+
+
+def by_hand_section(results_dir, ran, total, carried):
+    """The by-hand envs' rows: those that ran now (``ran``, counted into ``total``), then the ``carried``
+    rows of the others, in name order; each with its date, applied / disabled patches, tests per module,
+    versions."""
     lines = [
         BY_HAND_HEADING,
         "",
-        f"Not in the default run (`matrix/README.md` says when and how to run them); these rows are from {datetime.date.today()}.",
+        "Not in the default run (`matrix/README.md` says when and how to run them); each row is dated: a",
+        "run of some of them rewrites those rows and keeps the others.",
         "",
-        "| cell | applied | disabled | tests (passed / failed / skipped per module) | " + " | ".join(STACK) + " |",
-        "|---|---|---|---|" + "---|" * len(STACK),
+        "| " + " | ".join(BY_HAND_COLUMNS + STACK) + " |",
+        "|" + "---|" * (len(BY_HAND_COLUMNS) + len(STACK)),
     ]
-    for cell in cells:
+    rows = dict(carried)
+    for cell in ran:
         report = json.loads((results_dir / f"{cell}.json").read_text())
         by_status = collections.defaultdict(list)
         for rec in report["patches"]:
@@ -185,8 +220,9 @@ def by_hand_section(results_dir, cells, total):
             total.update(counts)
         tests = "; ".join(f"{m} {c['passed']} / {c['failed']} / {c['skipped']}" for m, c in sorted(per_module.items())) or "-"
         applied, disabled = (", ".join(by_status[status]) or "-" for status in ("applied", "disabled"))
-        versions = " | ".join(report["versions"].get(d) or "-" for d in STACK)
-        lines.append(f"| {cell} | {applied} | {disabled} | {tests} | {versions} |")
+        versions = [report["versions"].get(d) or "-" for d in STACK]
+        rows[cell] = [cell, str(datetime.date.today()), applied, disabled, tests, *versions]
+    lines += ["| " + " | ".join(row) + " |" for _, row in sorted(rows.items())]
     return lines
 
 

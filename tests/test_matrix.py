@@ -89,3 +89,21 @@ def test_expected_at_reads_which_commits_a_build_contains(sweep, tmp_path, monke
     assert sweep.expected_at(dot_git, after) == {"a": False, "b": False, "c": True}
     with pytest.raises(RuntimeError, match="merge-base"):
         sweep.expected_at(dot_git, "0" * 40)
+
+
+def test_every_patch_that_applies_in_a_cell_applies_in_a_cell_of_the_default_run():
+    """Cutting a cell out of the default run (to by hand) must not leave a patch that no default run
+    applies, and so proves: the cells of ``env_list`` and the rows of ``vllm-cpu-real`` (one per TRL
+    release it swaps in), read against tests/support/expected_status.py's one table."""
+    from expected_status import APPLIED
+
+    envs, _ = env_list()
+    default = set(envs)
+    if "vllm-cpu-real" in envs:
+        releases = (ROOT / "matrix" / "vllm_cpu" / "trl-releases.txt").read_text().splitlines()
+        default |= {f"vllm-cpu-real-trl{r.strip()}" for r in releases if r.strip() and not r.startswith("#")}
+    anywhere = set().union(*APPLIED.values())
+    in_default = set().union(*(APPLIED.get(cell, set()) for cell in default))
+    assert anywhere - in_default == set(), {
+        patch: sorted(cell for cell, applied in APPLIED.items() if patch in applied) for patch in anywhere - in_default
+    }
