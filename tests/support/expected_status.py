@@ -146,6 +146,7 @@ APPLIED = {
         "eval-before-train-ga",
         "fsdp2-vllm-sync",
         "generation-config-model-defaults",
+        "generation-eos-ids",
         "prompt-right-truncation",
         "vllm-serve-raw-logprobs",
     },
@@ -153,6 +154,7 @@ APPLIED = {
     "trl0.24.0-tf4.57.1-ds0.19.2": {
         "eval-before-train-ga",
         "generation-config-model-defaults",
+        "generation-eos-ids",
         "prompt-right-truncation",
         "zero3-peft-mixed-dtype",
     },
@@ -160,6 +162,7 @@ APPLIED = {
     "trl0.26.0-tf4.57.3": {
         "eval-before-train-ga",
         "generation-config-model-defaults",
+        "generation-eos-ids",
         "tools-empty-list-server",
         "vllm-serve-raw-logprobs",
         "vllm-sleep-mode-weights",
@@ -167,17 +170,18 @@ APPLIED = {
     # vLLM (stand-in) 0.14.0; the first release with the generation-config fix
     "trl0.26.2-tf4.57.3": {
         "eval-before-train-ga",
+        "generation-eos-ids",
         "vllm-guided-decoding-import",
         "vllm-serve-get-open-port",
         "vllm-serve-raw-logprobs",
         "vllm-sleep-mode-weights",
     },
     # TRL 0.27.1 on transformers 5.1.0 (peft 0.18.1, no vLLM, no deepspeed): the last release that sets warnings_issued
-    "trl0.27.1-tf5.1.0": {"transformers5-warnings-issued"},
-    "trl0.28.0-tf4.57.6": {"vllm-sleep-mode-weights"},
+    "trl0.27.1-tf5.1.0": {"generation-eos-ids", "transformers5-warnings-issued"},
+    "trl0.28.0-tf4.57.6": {"generation-eos-ids", "vllm-sleep-mode-weights"},
     # transformers 5: TRL 0.28 takes tools=[...]
-    "trl0.28.0-tf5.2.0": {"tools-colocate-llm-attr", "vllm-sleep-mode-weights"},
-    "trl0.29.1-tf4.57.6": {"vllm-sleep-mode-weights"},
+    "trl0.28.0-tf5.2.0": {"generation-eos-ids", "tools-colocate-llm-attr", "vllm-sleep-mode-weights"},
+    "trl0.29.1-tf4.57.6": {"generation-eos-ids", "vllm-sleep-mode-weights"},
     "trl-newest": set(),
     # the real-vLLM cell (matrix/vllm_cpu/): one venv (transformers 4.51.3, peft 0.15.2, no deepspeed),
     # one report per TRL release swapped in
@@ -238,6 +242,7 @@ APPLIED = {
         "eval-before-train-ga",
         "fsdp2-vllm-sync",
         "generation-config-model-defaults",
+        "generation-eos-ids",
         "prompt-right-truncation",
         "vllm-serve-raw-logprobs",
     },
