@@ -76,6 +76,7 @@ def test_the_init_patches_declare_it():
         "vllm-v1-engine",
         "vllm-sleep-mode-weights",  # registers the colocated engine after TRL built it (TRL 0.25+)
         "prompt-right-truncation",
+        "generation-eos-ids",  # after TRL's __init__, sets TRL's own generation config (TRL 0.24+)
         "scale-rewards-swapped",
     ]
 
