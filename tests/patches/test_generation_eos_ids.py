@@ -71,7 +71,11 @@ class _OtherReturn:
 
 @pytest.mark.parametrize(
     "cls, needed, snippet",
-    [(_Buggy, True, "only at the tokenizer's EOS"), (_Fixed, False, "(TRL 1.14.2)"), (_OtherReturn, None, "the way this patch expects")],
+    [
+        (_Buggy, True, "only at the tokenizer's EOS"),
+        (_Fixed, False, "(TRL 1.14.2)"),
+        (_OtherReturn, None, "the way this patch expects"),
+    ],
 )
 def test_probe_on_code_written_here(cls, needed, snippet):
     import types
