@@ -52,7 +52,8 @@ class _Buggy:
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields):
         completion_ids = prompt_ids
         is_eos = completion_ids == self._tokenizer.eos_token_id  # noqa: F841
-        return completion_ids, None
+        logprobs = None
+        return completion_ids, logprobs
 
 
 class _Fixed:
