@@ -125,6 +125,10 @@ KNOWN = {
     ),
     "tools-empty-list-template": lambda v, vs: v == V("0.26.0") or V("0.28.0") <= v < V("1.0.0"),
     "tool-suffix-eos-newline": lambda v, vs: v == V("0.29.1") and _v(vs, "transformers") >= V("5.0.0"),
+    # ledger record 1.14.1..1.14.2 (wheel diff); TRL < 0.24 computes the mask inline, where the patch does not reach
+    "generation-eos-ids": lambda v, vs: V("0.24.0") <= v < V("1.14.2"),
+    # research/bugs-1x.md S4 (PR #5902, 1.6.0); 0.16 - 0.18 score rewards inline, where the patch does not reach
+    "none-reward-baseline": lambda v, vs: V("0.19.0") <= v < V("1.6.0"),
 }
 
 # Main-branch commits (reporting X.dev0) around the windows' bounds, with what research found in their

@@ -2,9 +2,8 @@
 
 * The CLI (``python -m trl_compat --audit``, text and ``--json``) names the same bugs, each with
   what trl_compat does; ``--strict`` exits 1 exactly when one is not fixed here.
-* TRL 0.22.1 (its cell): ``scale-rewards-swapped`` is fixed (the patch applied), and the biased
-  baseline of reward functions that return None (TRL #5902, not patched here, fixed in
-  1.6.0) is named.
+* TRL 0.22.1 (its cell): ``scale-rewards-swapped`` and the biased baseline of reward functions
+  that return None (``none-reward-baseline``, TRL #5902, fixed in 1.6.0) are fixed (the patches applied).
 * A GRPOTrainer built with a DoRA ``peft_config`` logs one WARNING per unfixed bug whose
   conditions the run meets (TRL 0.14.0 - 1.14.x: the DoRA magnitude frozen by bf16 rounding,
   fixed in 1.15.0); the same trainer with plain LoRA, or without PEFT, logs none of DoRA's.
@@ -60,16 +59,15 @@ def test_strict_exits_1_when_a_bug_is_not_fixed(audit_json):
 
 
 @pytest.mark.skipif(TRL != Version("0.22.1"), reason=f"TRL {TRL}: the 0.22.1 cell's bugs")
-def test_trl_0_22_1_scale_rewards_fixed_and_none_reward_baseline_named(audit_json):
+def test_trl_0_22_1_scale_rewards_and_none_reward_baseline_fixed(audit_json):
     rows = {r["id"]: r for r in audit_json["bugs"]}
     assert rows["scale-rewards-swapped"]["action"] == "fixed"
     assert rows["scale-rewards-swapped"]["status"] == "applied"
-    baseline = rows["trl#5902"]  # the None-reward baseline: in the ledger, not patched (opt-in: rewards that return None)
+    baseline = rows["none-reward-baseline"]  # the None-reward baseline (TRL #5902, fixed in 1.6.0): patched
     assert baseline["fixed_in"] == "1.6.0"
-    assert "reward functions that return None" in baseline["message"], baseline
-    assert baseline["action"] == "not fixable here"
+    assert baseline["action"] == "fixed" and baseline["status"] == "applied"
     code, text = _cli("--audit")
-    assert "scale-rewards-swapped: " in text and "trl#5902: " in text
+    assert "scale-rewards-swapped: " in text and "none-reward-baseline: " in text
 
 
 def _trainer(tmp_path, **kwargs):

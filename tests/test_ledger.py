@@ -196,8 +196,9 @@ def test_audit_trl_0_22_1(stack):
     assert rows["scale-rewards-swapped"]["action"] == "fixed"
     assert "fixes it here" in rows["scale-rewards-swapped"]["message"]
     assert rows["eval-before-train-ga"]["action"] == "not needed"
-    assert rows["trl#5902"]["action"] == "not fixable here"  # the None-reward baseline: not patched
-    assert rows["trl#5902"]["fixed_in"] == "1.6.0"
+    assert rows["none-reward-baseline"]["action"] == "not fixable here"  # status not given here: not applied
+    assert rows["none-reward-baseline"]["fixed_in"] == "1.6.0"
+    assert "trl#5902" not in rows  # its record names the patch
     # outside their windows
     assert "vllm-double-bos" not in rows  # needs vLLM installed
     assert "trl#5891" in rows and "liger" in rows["trl#5891"]["when"]
@@ -217,6 +218,21 @@ def test_audit_cherry_picks_end_the_window_at_the_earliest_release(stack):
     # PR #6139 (colocate + PEFT hang) is in 1.7.1 (cherry-pick) and 1.8.0
     assert rows["trl#6139"]["fixed_in"] == "1.7.1"
     assert "trl#6139" not in {r["id"] for r in _audit_at(stack, "1.7.1")}
+
+
+def test_audit_names_a_patched_bug_below_its_patchs_window(stack):
+    """none-reward-baseline's bug is there from 0.16.0 (its record's ``since``); the patch reaches 0.19.0 on."""
+    from trl_compat.ledger import audit
+
+    below = "none-reward-baseline (TRL < 0.19.0)"
+    stack(trl="0.17.0")
+    rows = {r["id"]: r for r in audit.audit({})["bugs"]}
+    assert below in rows and "none-reward-baseline" not in rows
+    assert rows[below]["action"] == "not fixable here" and rows[below]["fixed_in"] == "1.6.0"
+    stack(trl="0.19.0")
+    rows = {r["id"]: r for r in audit.audit({"none-reward-baseline": "applied"})["bugs"]}
+    assert rows["none-reward-baseline"]["action"] == "fixed" and below not in rows
+    assert below not in {r["id"] for r in _audit_at(stack, "0.15.2")}
 
 
 def test_audit_no_trl_no_bug(stack):

@@ -179,6 +179,7 @@ def test_the_grpo_trainer_init_patches_stack_in_registry_order():
         "vllm-sleep-mode-weights",
         "tools-empty-list-template",
         "prompt-right-truncation",
+        "generation-eos-ids",  # after TRL's __init__, sets TRL's own generation config (TRL 0.24+)
         "scale-rewards-swapped",
         "zero3-peft-mixed-dtype",
         "peft-zero3-gc-reentrant",

@@ -77,6 +77,7 @@ def test_the_init_patches_declare_it():
         "vllm-sleep-mode-weights",  # registers the colocated engine after TRL built it (TRL 0.25+)
         "tools-empty-list-template",  # an empty tools list becomes None after TRL's __init__ (0.26.0, 0.28 - 0.29.1)
         "prompt-right-truncation",
+        "generation-eos-ids",  # after TRL's __init__, sets TRL's own generation config (TRL 0.24+)
         "scale-rewards-swapped",
         "zero3-peft-mixed-dtype",  # casts a PeftModel's fp32 adapters before TRL's __init__ (DeepSpeed 0.19.2)
         "peft-zero3-gc-reentrant",  # sets use_reentrant before TRL's __init__ reads the config

@@ -4,9 +4,11 @@ A bug is either a registry entry (the ledger names it ``patched:<id>`` or ``advi
 is the entry's ``requires``, and what trl_compat does is the patch's status), or a ledger record
 trl_compat has no entry for (``not-reachable:``, ``opt-in:``; a ``patched:`` id this version's
 registry lacks): its window is TRL ``since`` up to the record's first release, and trl_compat
-cannot fix it. A bug "applies" when its window holds the installed versions; the ``when``
-column says what a run also needs for it to bite (ZeRO-3, PEFT, tools, ...), which only the
-run knows (:mod:`trl_compat.ledger.runtime` checks it when a ``GRPOTrainer`` is built).
+cannot fix it. A patched bug that reaches releases below its patch's window (``since`` earlier: code
+the patch does not reach) is named for those releases too, as not fixable here. A bug "applies"
+when its window holds the installed versions; the ``when`` column says what a run also needs for it
+to bite (ZeRO-3, PEFT, tools, ...), which only the run knows (:mod:`trl_compat.ledger.runtime`
+checks it when a ``GRPOTrainer`` is built).
 
 What trl_compat does, per bug that applies:
 
@@ -74,7 +76,26 @@ def bugs(records: list[ledger.Record] | None = None, registry_ids: dict[str, obj
                 by_pr[key] = bug
                 found.append(bug)
     registry_bugs = [_registry_bug(entries[i], named[i]) for i in entries if i in named]
-    return registry_bugs + found
+    gaps = [gap for i in entries if i in named for gap in _below_the_window(entries[i], named[i])]
+    return registry_bugs + gaps + found
+
+
+def _below_the_window(patch, records: list[ledger.Record]) -> list[dict]:
+    """The releases a patched bug reaches below its patch's window (the record's ``since`` is earlier:
+    TRL's code there is one the patch does not reach): named, not fixable here."""
+    from trl_compat._engine import pep440
+
+    lower = _lower_bound(patch.requires.get("trl", ""))
+    gaps: list[dict] = []
+    for record in records:
+        since, start = pep440.parse(record["since"] or ""), pep440.parse(lower)
+        if ledger.verdict_kind(record["verdict"]) != "patched" or since is None or start is None:
+            continue
+        if since.key() < start.key() and not any(g["requires"]["trl"] == affected(record["since"], lower) for g in gaps):
+            gap = _ledger_bug(record, "patched", [f"{patch.id} (TRL < {lower})"])
+            gap["requires"] = {"trl": affected(record["since"], lower)}
+            gaps.append(gap)
+    return gaps
 
 
 def _conditions(records: list[ledger.Record]) -> list[str]:
@@ -145,6 +166,15 @@ def _merge(bug: dict, other: dict) -> None:
     mine, theirs = pep440.parse(bug["fixed_in"]), pep440.parse(other["fixed_in"])
     if mine is not None and theirs is not None and theirs.key() < mine.key():
         bug["fixed_in"], bug["requires"] = other["fixed_in"], other["requires"]
+
+
+def _lower_bound(spec: str) -> str:
+    """``>=0.19.0.dev0,<1.6.0a0`` -> ``0.19.0``; ``""`` where there is none."""
+    for clause in spec.split(","):
+        clause = clause.strip()
+        if clause.startswith(">="):
+            return clause[2:].replace(".dev0", "")
+    return ""
 
 
 def _fixed_in(spec: str) -> str:

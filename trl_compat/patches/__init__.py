@@ -789,6 +789,25 @@ PATCHES = [
         },
         remove_when="trl_compat no longer supports TRL < 0.26.2 on transformers 4.50 - 4.57",
     ),
+    # wraps _generate_single_turn, which no other patch changes, and adds an after-hook to __init__
+    # that only touches TRL's generation config
+    Patch(
+        id="generation-eos-ids",
+        summary="no vLLM: every eos id the model's generation_config declares (end-of-turn tokens) stops generate "
+        "and ends the completion, not only the tokenizer's EOS",
+        symptom=(
+            "silent: tokens sampled after an end-of-turn token the tokenizer's EOS is not (Gemma's <end_of_turn>, "
+            "Llama 3's <|eot_id|>) are kept in the completion, rewarded and trained on"
+        ),
+        upstream="TRL's grpo_trainer.py, changed between the 1.14.1 and 1.14.2 wheels (fixed in 1.14.2)",
+        fixed_in={"trl": "1.14.2"},
+        changes=("GRPOTrainer.__init__", "GRPOTrainer._generate_single_turn"),
+        # the bug is there from 0.14.0 (the mask) / 0.16.0 (generate); TRL < 0.24 computes the mask inline
+        # in _generate_and_score_completions, where this patch does not reach
+        requires={"trl": affected("0.24.0", "1.14.2")},
+        witnesses={"trl": {"inside": ["0.24.0", "0.28.0", "1.0.0", "1.14.1", "1.14.2.dev0"], "outside": ["0.23.1", "1.14.2"]}},
+        remove_when="trl_compat no longer supports TRL < 1.14.2",
+    ),
     # -- rewards, evaluation and QLoRA (TRL 0.22 - 0.27) -------------------------------------------
     # scale-rewards-swapped (last: the outermost __init__ wrapper) only relabels, after TRL's
     # __init__, an attribute no other patch touches; no other __init__ patch applies on TRL 0.22.
@@ -926,6 +945,26 @@ PATCHES = [
         },
         fixed_in={"trl": "1.9.0"},
         remove_when="TRL < 1.9.0 is no longer supported",
+    ),
+    # none-reward-baseline also wraps _generate_and_score_completions, for another key of the batch it returns
+    # (advantages, not num_items_in_batch): the two stack in either order.
+    Patch(
+        id="none-reward-baseline",
+        summary="completions every reward function declined (None) are left out of the group baseline and get advantage 0, as TRL 1.6",
+        symptom="silent: a completion no reward function scored gets reward 0, shifts its group's mean and std and gets an advantage",
+        upstream="https://github.com/huggingface/trl/pull/5902 (fixed in 1.6.0)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer._calculate_rewards",
+        changes=("GRPOTrainer._calculate_rewards", "GRPOTrainer._generate_and_score_completions"),
+        # the bug is there from 0.16.0 (87fbb831d: None becomes NaN, nansum); 0.16 - 0.18 score rewards
+        # inline, where the patch does not reach: from 0.19.0 (_calculate_rewards). 1c7c7f988 (1.6.0.dev0)
+        # fixed it, read by the probe.
+        requires={"trl": affected("0.19.0", "1.6.0")},
+        witnesses={
+            "trl": {"inside": ["0.19.0", "0.22.1", "0.29.1", "1.0.0", "1.5.0", "1.6.0.dev0"], "outside": ["0.18.2", "1.6.0", "1.16.0"]}
+        },
+        fixed_in={"trl": "1.6.0"},
+        remove_when="TRL < 1.6.0 is no longer supported",
     ),
     Patch(
         id="peft-zero3-gc-reentrant",
