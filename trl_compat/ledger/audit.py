@@ -94,6 +94,7 @@ def _below_the_window(patch, records: list[ledger.Record]) -> list[dict]:
         if since.key() < start.key() and not any(g["requires"]["trl"] == affected(record["since"], lower) for g in gaps):
             gap = _ledger_bug(record, "patched", [f"{patch.id} (TRL < {lower})"])
             gap["requires"] = {"trl": affected(record["since"], lower)}
+            gap["fixed_in"] = _fixed_in(patch.requires.get("trl", "")) or gap["fixed_in"]
             gaps.append(gap)
     return gaps
 
