@@ -129,6 +129,8 @@ KNOWN = {
     "generation-eos-ids": lambda v, vs: V("0.24.0") <= v < V("1.14.2"),
     # research/bugs-1x.md S4 (PR #5902, 1.6.0); 0.16 - 0.18 score rewards inline, where the patch does not reach
     "none-reward-baseline": lambda v, vs: V("0.19.0") <= v < V("1.6.0"),
+    # PR #6423 (c24964d0a, 1.9.0); the setting arrived in 0.27.0
+    "tool-iterations-zero": lambda v, vs: V("0.27.0") <= v < V("1.9.0"),
 }
 
 # Main-branch commits (reporting X.dev0) around the windows' bounds, with what research found in their

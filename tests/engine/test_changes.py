@@ -178,6 +178,7 @@ def test_the_grpo_trainer_init_patches_stack_in_registry_order():
         "vllm-v1-engine",
         "vllm-sleep-mode-weights",
         "tools-empty-list-template",
+        "tool-iterations-zero",  # after TRL's __init__, resets one attribute (TRL 0.27+)
         "prompt-right-truncation",
         "generation-eos-ids",  # after TRL's __init__, sets TRL's own generation config (TRL 0.24+)
         "scale-rewards-swapped",

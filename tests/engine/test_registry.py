@@ -76,6 +76,7 @@ def test_the_init_patches_declare_it():
         "vllm-v1-engine",
         "vllm-sleep-mode-weights",  # registers the colocated engine after TRL built it (TRL 0.25+)
         "tools-empty-list-template",  # an empty tools list becomes None after TRL's __init__ (0.26.0, 0.28 - 0.29.1)
+        "tool-iterations-zero",  # after TRL's __init__, resets one attribute (TRL 0.27+)
         "prompt-right-truncation",
         "generation-eos-ids",  # after TRL's __init__, sets TRL's own generation config (TRL 0.24+)
         "scale-rewards-swapped",

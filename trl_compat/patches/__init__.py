@@ -635,6 +635,18 @@ PATCHES = [
         remove_when="trl_compat no longer supports TRL 0.26.0 and 0.28.0 - 0.29.1",
     ),
     Patch(
+        id="tool-iterations-zero",
+        summary="max_tool_calling_iterations=0 means no tool-calling turn, as TRL 1.9 reads it",
+        symptom="silent: max_tool_calling_iterations=0 runs the tool loop without limit (turn after turn) instead of none",
+        upstream="https://github.com/huggingface/trl/pull/6423 (fixed in 1.9.0)",
+        changes=("GRPOTrainer.__init__",),
+        # the setting arrived in 0.27.0 read as `or sys.maxsize`; c24964d0a (1.9.0.dev0) fixed it, read by the probe
+        requires={"trl": affected("0.27.0", "1.9.0")},
+        witnesses={"trl": {"inside": ["0.27.0", "0.29.1", "1.0.0", "1.8.0", "1.9.0.dev0"], "outside": ["0.26.2", "1.9.0"]}},
+        fixed_in={"trl": "1.9.0"},
+        remove_when="trl_compat no longer supports TRL < 1.9.0",
+    ),
+    Patch(
         id="tool-suffix-eos-newline",
         summary="tools + Qwen3-style templates: keep what the template writes after EOS (<|im_end|>\\n) in the ids "
         "between a completion and its tool result",

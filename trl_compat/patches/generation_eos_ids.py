@@ -125,5 +125,7 @@ def _wrapper(original, index: int):
 
 def apply(module, patcher) -> None:
     index = _completion_index(code(getattr(module.GRPOTrainer, METHOD)))
+    if index is None:  # the probe read one: the code changed under it
+        raise RuntimeError(f"GRPOTrainer.{METHOD} no longer returns the completion ids in a form this patch knows")
     around_init(after=_after_init)(module, patcher)
     patcher.wrap(module.GRPOTrainer, METHOD, lambda original: _wrapper(original, index))

@@ -190,5 +190,7 @@ def _wrap_generate_and_score(original, form: str):
 
 def apply(module, patcher) -> None:
     form = scale_form(code(getattr(module.GRPOTrainer, METHOD)))
+    if form is None:  # the probe read one: the code changed under it
+        raise RuntimeError(f"GRPOTrainer.{METHOD} no longer reads scale_rewards in a way this patch knows")
     patcher.wrap(module.GRPOTrainer, REWARDS, _wrap_rewards)
     patcher.wrap(module.GRPOTrainer, METHOD, lambda original: _wrap_generate_and_score(original, form))
