@@ -75,7 +75,7 @@ def _tools_or_skip():
     import transformers
 
     if Version(transformers.__version__) < Version("5.0.0"):
-        pytest.skip("TRL 0.29.1 takes tools only on transformers >= 5 (the trl0.29.1-tf5.2.0 cell)")
+        pytest.skip("TRL 0.29.1 - 1.x take tools only on transformers >= 5 (the trl0.29.1-tf5.2.0 cell)")
     pytest.importorskip("jmespath")  # TRL's response parsing for tools
 
 
