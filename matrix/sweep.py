@@ -424,6 +424,9 @@ BASES = {
 }
 
 
+_CURRENT = set()  # the bases this process put this tree's trl_compat into
+
+
 def base_python(work, name):
     venv = work / f"base-{name}"
     python = venv / "bin" / "python"
@@ -431,8 +434,11 @@ def base_python(work, name):
         t0 = time.time()
         run([sys.executable, "-m", "venv", "--clear", str(venv)])
         run([str(python), "-m", "pip", "install", "-q", *BASES[name]()])
-        run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(ROOT)])
         (venv / ".ready").write_text(f"{time.time() - t0:.0f}s\n")
+    if name not in _CURRENT:
+        # a kept base holds the trl_compat of the sweep that built it: the tree's own, once per sweep
+        run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(ROOT)])
+        _CURRENT.add(name)
     return python
 
 

@@ -316,6 +316,11 @@ def make_trainer(
             raise VLLMPathUnsupported(f"use_vllm=True not supported here: {reason}")
         if real:
             config_overrides = {**real_vllm_config_overrides(), **config_overrides}
+        elif not has_colocated_vllm():
+            # TRL >= 0.18's colocate mode falls back to MASTER_PORT 12345 and leaves the rendezvous
+            # variables set: a second trainer in the process opens a process group there, which a cell
+            # running beside this one may hold (EADDRINUSE). A free port of its own, where unset.
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
     model = _resolve_model(tmpdir, model, use_vllm)
     if peft and peft_config is None:
         from peft import LoraConfig

@@ -45,7 +45,10 @@ PATCH_ID = "vllm-serve-raw-logprobs"
 
 
 def probe(module):
-    source = code(module.llm_worker)
+    worker = getattr(module, "llm_worker", None)
+    if worker is None:
+        return not_needed("trl.scripts.vllm_serve has no llm_worker (TRL 1.11 on runs vLLM's own server): no vllm.LLM of TRL's")
+    source = code(worker)
     if "LLM(" not in source:
         return undecided("trl.scripts.vllm_serve.llm_worker builds no vllm.LLM that could be read")
     if "logprobs_mode" in source:
