@@ -105,13 +105,12 @@ def _packed(arch="qwen2", **overrides):
 @requires_standin
 def test_standin_identity():
     import importlib.metadata
+    import pathlib
 
     import vllm
 
     # ./tests/vllm_standin is vLLM 0.7.2 (TRL 0.14/0.15 cells); the same code as each vX.Y.Z of
-    # ./tests/vllm_standin/ (0.8.5 for trl0.15.2-tf4.52.4 ... 0.31.0 for trl-newest)
-    import pathlib
-
+    # ./tests/vllm_standin/ (0.8.5 for trl0.15.2-tf4.52.4 ... 0.28.0 for trl1.12.0-tf5.16.1)
     releases = {path.name[1:] for path in (pathlib.Path(__file__).parent / "vllm_standin").glob("v*")}
     assert importlib.metadata.version("vllm") in {"0.7.2"} | releases, releases
     assert vllm.__version__ == importlib.metadata.version("vllm")
