@@ -107,3 +107,52 @@ def test_every_patch_that_applies_in_a_cell_applies_in_a_cell_of_the_default_run
     assert anywhere - in_default == set(), {
         patch: sorted(cell for cell, applied in APPLIED.items() if patch in applied) for patch in anywhere - in_default
     }
+
+
+def _write_results():
+    spec = importlib.util.spec_from_file_location("write_results", ROOT / "matrix" / "write_results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_by_hand_rows_are_dated_and_kept_until_their_env_runs_again(tmp_path):
+    """A run of some by-hand envs rewrites their rows and keeps the others' (older ones without a date
+    column get the section's date); the default run's tables stay when only by-hand envs ran."""
+    import datetime
+    import json
+
+    write_results = _write_results()
+    hand = sorted(write_results.by_hand_cells())
+    ran, kept = hand[0], hand[1]
+    previous = "\n".join(
+        [
+            "# Matrix results",
+            "",
+            "the default run's tables",
+            "",
+            write_results.BY_HAND_HEADING,
+            "",
+            "Not in the default run; these rows are from 2026-11-20.",
+            "",
+            "| cell | applied | disabled | tests (passed / failed / skipped per module) | " + " | ".join(write_results.STACK) + " |",
+            "|---|---|---|---|" + "---|" * len(write_results.STACK),
+            f"| {ran} | `old` | - | test_x 1 / 0 / 0 | " + " | ".join("-" for _ in write_results.STACK) + " |",
+            f"| {kept} | `kept` | - | test_y 2 / 0 / 0 | " + " | ".join("-" for _ in write_results.STACK) + " |",
+        ]
+    )
+    output = tmp_path / "RESULTS.md"
+    output.write_text(previous + "\n")
+    results = tmp_path / "results"
+    results.mkdir()
+    report = {"patches": [{"id": "new", "status": "applied"}], "versions": {"trl": "9.9.9"}}
+    (results / f"{ran}.json").write_text(json.dumps(report))
+    (results / f"{ran}.xml").write_text('<testsuite><testcase classname="tests.test_z" name="t"/></testsuite>')
+    assert write_results.main(results, output) == 0
+    text = output.read_text()
+    assert "the default run's tables" in text  # only by-hand envs ran
+    rows = {
+        line.split(" | ")[0][2:]: line for line in text.splitlines() if line.startswith(f"| {ran} ") or line.startswith(f"| {kept} ")
+    }
+    assert f"| {datetime.date.today()} | `new` |" in rows[ran] and "9.9.9" in rows[ran] and "test_z 1 / 0 / 0" in rows[ran]
+    assert "| 2026-11-20 | `kept` |" in rows[kept]  # carried over, dated as its section was
