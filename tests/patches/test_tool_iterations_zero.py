@@ -13,12 +13,12 @@
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import sys
 
 import pytest
 from packaging.version import Version
 
+import tool_calls
 from versions import installed
 
 PID = "tool-iterations-zero"
@@ -99,17 +99,7 @@ def _generation_turns(tmp_path):
     trainer = grpo_run.make_trainer(
         tmp_path, steps=1, train_dataset=dataset, processing_class=tokenizer, trainer_cls=ToolTrainer, max_tool_calling_iterations=0
     )
-    loop = trainer._tool_call_loop
-    signature = inspect.signature(loop)
-
-    def with_tool_calls(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        bound.arguments["completions"] = [
-            [{"role": "assistant", "content": "", "tool_calls": [TOOL_CALL]}] for _ in bound.arguments["completions"]
-        ]
-        return loop(*bound.args, **bound.kwargs)
-
-    trainer._tool_call_loop = with_tool_calls
+    tool_calls.every_completion_calls(trainer, TOOL_CALL)
     turns = []
     generate = trainer._generate_single_turn
 

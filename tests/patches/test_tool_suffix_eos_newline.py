@@ -20,11 +20,12 @@ transformers 5 (``trl0.29.1-tf5.2.0``); elsewhere they skip, and the probe test 
 from __future__ import annotations
 
 import importlib.util
-import inspect
 
 import trl_compat
 
 import pytest
+
+import tool_calls
 
 PID = "tool-suffix-eos-newline"
 HAVE_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
@@ -101,17 +102,7 @@ def _trainer(tmp_path):
             super().__init__(*args, tools=[multiply], **kwargs)
 
     trainer = grpo_run.make_trainer(tmp_path, steps=1, train_dataset=_dataset(), processing_class=tokenizer, trainer_cls=ToolTrainer)
-    loop = trainer._tool_call_loop
-    signature = inspect.signature(loop)
-
-    def with_tool_calls(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        bound.arguments["completions"] = [
-            [{"role": "assistant", "content": "", "tool_calls": [TOOL_CALL]}] for _ in bound.arguments["completions"]
-        ]
-        return loop(*bound.args, **bound.kwargs)
-
-    trainer._tool_call_loop = with_tool_calls
+    tool_calls.every_completion_calls(trainer, TOOL_CALL)
     turns = []  # (the ids each generation starts from, the completion ids it returns)
     generate = trainer._generate_single_turn
 

@@ -11,11 +11,12 @@ reads the stand-in's ``max_model_len`` (the engine's model_config is watched) an
 from __future__ import annotations
 
 import importlib.util
-import inspect
 
 import trl_compat
 
 import pytest
+
+import tool_calls
 
 PID = "tools-colocate-llm-attr"
 HAVE_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
@@ -102,17 +103,7 @@ def _trainer(tmp_path):
     config = _WatchedConfig(trainer.vllm_generation.llm.llm_engine.model_config)
     trainer.vllm_generation.llm.llm_engine.model_config = config
 
-    loop = trainer._tool_call_loop
-    signature = inspect.signature(loop)
-
-    def with_tool_calls(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        bound.arguments["completions"] = [
-            [{"role": "assistant", "content": "", "tool_calls": [TOOL_CALL]}] for _ in bound.arguments["completions"]
-        ]
-        return loop(*bound.args, **bound.kwargs)
-
-    trainer._tool_call_loop = with_tool_calls
+    tool_calls.every_completion_calls(trainer, TOOL_CALL)
     return trainer, config
 
 
