@@ -38,6 +38,12 @@ def test_spacing_line_breaks_and_quote_style_do_not_matter():
     assert "prompt_ids[:, -self.max_prompt_length + 1:]" not in text
 
 
+def test_count_normalises_the_needle_as_in_does():
+    source = Code(normalise("x.update( y )\nif y is not None:\n    x.update(y)\n"))
+    assert source.count("x.update(y)") == 2 and source.count("if y is not None") == 1
+    assert source.count("x.update(z)") == 0
+
+
 def test_an_unclosed_fragment_still_matches():
     assert "generate(" in Code(normalise(SAMPLE))
     assert normalise("hasattr(model,") == "hasattr ( model ,"

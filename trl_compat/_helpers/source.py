@@ -42,6 +42,10 @@ class Code(str):
     def __contains__(self, needle: object) -> bool:  # type: ignore[override]
         return isinstance(needle, str) and str.__contains__(self, normalise(needle))
 
+    def count(self, needle: str, *bounds: Any) -> int:  # type: ignore[override]
+        """How often ``needle``, normalised as ``in`` normalises it, occurs."""
+        return str.count(self, normalise(needle), *bounds)
+
 
 def normalise(source: str) -> str:
     """Tokens of ``source`` without comments, docstrings or layout, joined by one space.
