@@ -178,6 +178,8 @@ def test_the_grpo_trainer_init_patches_stack_in_registry_order():
         "vllm-v1-engine",
         "vllm-sleep-mode-weights",
         "tools-empty-list-template",
+        "colocate-generation-kwargs",  # after TRL's __init__, fills one config value (TRL 0.19.0)
+        "colocate-master-port",  # before TRL's __init__ reads MASTER_PORT (TRL 0.20 - 0.23)
         "tool-iterations-zero",  # after TRL's __init__, resets one attribute (TRL 0.27+)
         "prompt-right-truncation",
         "generation-eos-ids",  # after TRL's __init__, sets TRL's own generation config (TRL 0.24+)

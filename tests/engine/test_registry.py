@@ -76,6 +76,8 @@ def test_the_init_patches_declare_it():
         "vllm-v1-engine",
         "vllm-sleep-mode-weights",  # registers the colocated engine after TRL built it (TRL 0.25+)
         "tools-empty-list-template",  # an empty tools list becomes None after TRL's __init__ (0.26.0, 0.28 - 0.29.1)
+        "colocate-generation-kwargs",  # after TRL's __init__, fills one config value (TRL 0.19.0)
+        "colocate-master-port",  # before TRL's __init__ reads MASTER_PORT (TRL 0.20 - 0.23)
         "tool-iterations-zero",  # after TRL's __init__, resets one attribute (TRL 0.27+)
         "prompt-right-truncation",
         "generation-eos-ids",  # after TRL's __init__, sets TRL's own generation config (TRL 0.24+)

@@ -115,6 +115,7 @@ APPLIED = {
         "vllm-prompt-truncation",
     },
     "trl0.19.0-tf4.52.4": {
+        "colocate-generation-kwargs",
         "fsdp2-vllm-sync",
         "generation-config-model-defaults",
         "logits-to-keep",
@@ -141,6 +142,7 @@ APPLIED = {
     # TRL 0.20 -> 0.29.1 with the transformers of their day and the vLLM stand-in as the vLLM of their
     # day (0.10.0 - 0.12.0; 0.14.0 in trl0.26.2), deepspeed in trl0.24.0 only
     "trl0.20.0-tf4.53.3": {
+        "colocate-master-port",
         "fsdp2-vllm-sync",
         "generation-config-model-defaults",
         "none-reward-baseline",
@@ -148,6 +150,7 @@ APPLIED = {
         "vllm-double-bos",
     },
     "trl0.22.1-tf4.55.4": {
+        "colocate-master-port",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "entropy-mask-gather-hang",
@@ -163,6 +166,7 @@ APPLIED = {
     },
     # 0.22.2: scale_rewards fixed
     "trl0.22.2-tf4.55.4": {
+        "colocate-master-port",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "entropy-mask-gather-hang",
@@ -176,6 +180,7 @@ APPLIED = {
         "vllm-double-bos",
     },
     "trl0.23.1-tf4.56.2": {
+        "colocate-master-port",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "eval-before-train-ga",
@@ -398,6 +403,7 @@ APPLIED = {
     # the real vLLM 0.10.2 env (matrix/vllm_cpu/lock-0.10.txt): transformers 4.56.2, peft 0.17.1, accelerate 1.10.1,
     # no deepspeed; the same statuses as the trl0.23.1-tf4.56.2 / trl0.24.0-tf4.57.1 cells
     "vllm-cpu-real-0.10-trl0.23.1": {
+        "colocate-master-port",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "eval-before-train-ga",

@@ -635,6 +635,33 @@ PATCHES = [
         remove_when="trl_compat no longer supports TRL 0.26.0 and 0.28.0 - 0.29.1",
     ),
     Patch(
+        id="colocate-generation-kwargs",
+        summary="TRL 0.19.0 colocated vLLM: generation_kwargs=None (the default) becomes {}, as TRL 0.19.1 reads it",
+        symptom="TypeError: 'NoneType' object is not iterable (generation_kwargs.update(None), first step, vllm_mode='colocate')",
+        upstream="https://github.com/huggingface/trl/pull/3634 (fixed in 0.19.1)",
+        changes=("GRPOTrainer.__init__",),
+        # generation_kwargs arrived in 0.19.0; 84982ad79 (0.19.1.dev0 on main, cherry-picked as 34fa6b9af) fixed it
+        requires={"trl": affected("0.19.0", "0.19.1")},
+        witnesses={"trl": {"inside": ["0.19.0", "0.19.1.dev0"], "outside": ["0.18.2", "0.19.1"]}},
+        fixed_in={"trl": "0.19.1"},
+        remove_when="trl_compat no longer supports TRL 0.19.0",
+    ),
+    Patch(
+        id="colocate-master-port",
+        summary="colocated vLLM: an unset MASTER_PORT becomes a free port, not 12345, as TRL 0.24 chooses it",
+        symptom=(
+            "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. "
+            "port: 12345 (EADDRINUSE: a second colocated run on the host)"
+        ),
+        upstream="https://github.com/huggingface/trl/pull/4057 (fixed in 0.24.0)",
+        changes=("GRPOTrainer.__init__",),
+        # the 12345 fallback arrived with PR #3723 (640a9f391, 0.20.0); 008c7ad9a (0.24.0.dev0) fixed it, read by the probe
+        requires={"trl": affected("0.20.0", "0.24.0")},
+        witnesses={"trl": {"inside": ["0.20.0", "0.22.1", "0.23.1", "0.24.0.dev0"], "outside": ["0.19.1", "0.24.0"]}},
+        fixed_in={"trl": "0.24.0"},
+        remove_when="trl_compat no longer supports TRL 0.20 - 0.23",
+    ),
+    Patch(
         id="tool-iterations-zero",
         summary="max_tool_calling_iterations=0 means no tool-calling turn, as TRL 1.9 reads it",
         symptom="silent: max_tool_calling_iterations=0 runs the tool loop without limit (turn after turn) instead of none",
