@@ -3,7 +3,7 @@
 * A real ``GRPOTrainer`` with ``use_vllm=True, vllm_mode="colocate"`` on the vLLM stand-in, built with
   ``MASTER_PORT`` unset while this test holds port 12345 (as a second run on the host would):
   unpatched, TRL sets ``MASTER_PORT=12345``, and the process group vLLM's ``external_launcher`` opens
-  from those variables fails with EADDRINUSE (opened here with gloo, as vLLM does on the CPU);
+  from those variables fails with EADDRINUSE (its TCP store, opened here as the launcher opens it);
   patched (and from 0.24.0), the port is a free one and the group opens.
 * A port already set is kept either way; a run without vLLM is left alone.
 * The probe on the cell's TRL and on code written here.
@@ -71,16 +71,20 @@ def _colocated_trainer(tmp_path, **config):
 
 
 def _rendezvous_error() -> str | None:
-    """Open (and close) a one-process gloo group from the variables TRL set, as vLLM's launcher does."""
+    """Open (and close) the rendezvous store vLLM's launcher opens from the variables TRL set: the TCP
+    server on MASTER_ADDR:MASTER_PORT (a store of its own, so no process group of an earlier test
+    in this session can stand in the way)."""
     import datetime
 
     import torch.distributed as dist
 
     try:
-        dist.init_process_group("gloo", rank=0, world_size=1, timeout=datetime.timedelta(seconds=20))
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), 1, is_master=True, timeout=datetime.timedelta(seconds=20)
+        )
     except Exception as exc:  # noqa: BLE001 - what the run would die of
         return f"{type(exc).__name__}: {exc}"
-    dist.destroy_process_group()
+    del store
     return None
 
 
