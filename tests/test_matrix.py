@@ -31,11 +31,17 @@ def env_list():
     return [e for e in entries if e], {s.split(":", 1)[1] for s in tox.sections() if s.startswith("testenv:")}
 
 
+def matrix_script(name):
+    """A script of matrix/ loaded as a module (they are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "matrix" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def by_hand():
-    """The cells of the ``by-hand`` label: run before each release, not in the default run."""
-    lines = tox_ini()["tox"].get("labels", "").splitlines()
-    labels = {k.strip(): v for k, v in (line.split("=", 1) for line in lines if "=" in line)}
-    return [c.strip() for c in labels.get("by-hand", "").split(",") if c.strip()]
+    """The cells of the ``by-hand`` label, as write_results.py reads them (run before each release)."""
+    return sorted(matrix_script("write_results").by_hand_cells(ROOT / "tox.ini"))
 
 
 def test_tox_env_list_runs_every_cell_and_only_known_extras():
@@ -54,10 +60,7 @@ def test_tox_env_list_runs_every_cell_and_only_known_extras():
 
 @pytest.fixture(scope="module")
 def sweep():
-    spec = importlib.util.spec_from_file_location("sweep", ROOT / "matrix" / "sweep.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return matrix_script("sweep")
 
 
 def test_every_span_names_a_patch_and_every_build_is_listed_once(sweep):
@@ -109,20 +112,13 @@ def test_every_patch_that_applies_in_a_cell_applies_in_a_cell_of_the_default_run
     }
 
 
-def _write_results():
-    spec = importlib.util.spec_from_file_location("write_results", ROOT / "matrix" / "write_results.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_by_hand_rows_are_dated_and_kept_until_their_env_runs_again(tmp_path):
     """A run of some by-hand envs rewrites their rows and keeps the others' (older ones without a date
     column get the section's date); the default run's tables stay when only by-hand envs ran."""
     import datetime
     import json
 
-    write_results = _write_results()
+    write_results = matrix_script("write_results")
     hand = sorted(write_results.by_hand_cells())
     ran, kept = hand[0], hand[1]
     previous = "\n".join(
