@@ -116,6 +116,7 @@ KNOWN = {
     "tools-colocate-llm-attr": lambda v, vs: V("0.28.0") <= v and _fixed_in(v, "0.29.1", "1.0.0"),
     # research/bugs-1x.md C9: reward_funcs[i].__name__ until PR #6313 (1.9.0)
     "reward-func-partial-name": lambda v, vs: V("0.14.0") <= v < V("1.9.0"),
+    "vllm-weight-transfer-0.28": lambda v, vs: V("1.11.0") <= v < V("1.13.0") and (_v(vs, "vllm") or V("0")) >= V("0.28.0"),
     # research/bugs-1x.md S2, S3 (PR #6024 in the 1.9.1 wheel; PR #6439, 1.9.0), C2 (PR #6356, 1.9.0), S5 (PR #5380),
     # S6 (PR #5330): both 1.0.0; tools on 0.29.1 need transformers 5
     "dapo-generation-batch-normalizer": lambda v, vs: V("0.22.0") <= v < V("1.9.1"),

@@ -330,6 +330,7 @@ APPLIED = {
     },
     "trl1.12.0-tf5.16.1": {
         "generation-eos-ids",
+        "vllm-weight-transfer-0.28",
     },
     "trl-newest": set(),
     # the real-vLLM cell (matrix/vllm_cpu/): one venv (transformers 4.51.3, peft 0.15.2, no deepspeed),

@@ -1036,6 +1036,33 @@ PATCHES = [
         fixed_in={"trl": "1.9.0"},
         remove_when="trl_compat no longer supports TRL < 1.9.0",
     ),
+    Patch(
+        id="vllm-weight-transfer-0.28",
+        summary="vLLM >= 0.28: the static NCCL trainer API TRL 1.11/1.12 import put back on vLLM's helpers; "
+        "packed announced at init, not per update, as TRL 1.13",
+        symptom="`from trl import GRPOTrainer`: ImportError: cannot import name 'NCCLTrainerSendWeightsArgs' from "
+        "'vllm.distributed.weight_transfer.nccl_engine'; server mode: the first weight sync rejected",
+        upstream="vLLM PR #50902 removed the static API (vLLM 0.28.0); TRL 1.13.0's _HAS_STATEFUL_TRAINER_ENGINE (fixed in 1.13.0)",
+        fixed_in={"trl": "1.13.0"},
+        # The package, as vllm-guided-decoding-import: TRL's client module imports the names while it is
+        # itself being imported (see the patch's docstring).
+        trigger="trl",
+        must_exist="__file__",
+        changes=(
+            "vllm.distributed.weight_transfer.nccl_engine:NCCLTrainerSendWeightsArgs",
+            "vllm.distributed.weight_transfer.nccl_engine:NCCLWeightTransferEngine.trainer_init",
+            "vllm.distributed.weight_transfer.nccl_engine:NCCLWeightTransferEngine.trainer_send_weights",
+            "trl.generation.vllm_client:VLLMClient._post",
+        ),
+        # trl: PR #6765 (1.11.0.dev0) brought the static calls, 1.13.0 branched on the stateful engine; the probe
+        # reads which. vllm: #50902 removed the statics in 0.28.0.
+        requires={"trl": affected("1.11.0", "1.13.0"), "vllm": affected("0.28.0")},
+        witnesses={
+            "trl": {"inside": ["1.11.0", "1.12.0", "1.13.0.dev0"], "outside": ["1.10.0", "1.13.0", "1.16.0"]},
+            "vllm": {"inside": ["0.28.0", "0.31.0"], "outside": ["0.27.1"]},
+        },
+        remove_when="trl_compat no longer supports TRL 1.11.x and 1.12.x",
+    ),
 ]
 
 
