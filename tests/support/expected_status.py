@@ -281,6 +281,7 @@ APPLIED = {
     "trl0.29.1-tf4.57.6": {
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
+        "environment-prompt-mutation",
         "generation-eos-ids",
         "none-reward-baseline",
         "reward-func-partial-name",
@@ -291,6 +292,7 @@ APPLIED = {
     "trl0.29.1-tf5.2.0": {
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
+        "environment-prompt-mutation",
         "generation-eos-ids",
         "none-reward-baseline",
         "reward-func-partial-name",
@@ -303,6 +305,7 @@ APPLIED = {
     "trl1.0.0-tf4.57.6-ds0.19.2": {
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
+        "environment-prompt-mutation",
         "generation-eos-ids",
         "none-reward-baseline",
         "peft-zero3-gc-reentrant",
@@ -314,6 +317,7 @@ APPLIED = {
     "trl1.4.0-tf5.5.4-ds0.19.1": {
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
+        "environment-prompt-mutation",
         "generation-eos-ids",
         "none-reward-baseline",
         "peft-zero3-gc-reentrant",

@@ -1036,6 +1036,24 @@ PATCHES = [
         fixed_in={"trl": "1.9.0"},
         remove_when="trl_compat no longer supports TRL < 1.9.0",
     ),
+    # -- environments (TRL 0.29 - 1.8.x) ---------------------------------------------------------------
+    Patch(
+        id="environment-prompt-mutation",
+        summary="environment_factory: TRL appends each reset observation to a copy of the example's last message, as TRL 1.9",
+        symptom="silent: environment_factory: the examples handed to _generate_and_score_completions keep the observation; "
+        "scored again, their prompts carry it twice",
+        upstream="https://github.com/huggingface/trl/pull/6364 (fixed in 1.9.0)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer._generate_and_score_completions",
+        changes=("GRPOTrainer._generate_and_score_completions",),
+        # environment_factory arrived in 0.29.0 with the in-place loop; 66d9b8da7 (1.9.0.dev0) fixed it, read by the probe.
+        requires={"trl": affected("0.29.0", "1.9.0")},
+        witnesses={
+            "trl": {"inside": ["0.29.0", "0.29.1", "1.0.0", "1.4.0", "1.8.0", "1.9.0.dev0"], "outside": ["0.28.0", "1.9.0", "1.16.0"]}
+        },
+        fixed_in={"trl": "1.9.0"},
+        remove_when="trl_compat no longer supports TRL < 1.9.0",
+    ),
 ]
 
 
