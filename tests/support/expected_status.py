@@ -110,6 +110,7 @@ APPLIED = {
     "trl0.18.2-tf4.52.4": {
         "fsdp2-vllm-sync",
         "generation-config-model-defaults",
+        "misaligned-generation-old-logps",
         "reward-func-partial-name",
         "vllm-double-bos",
         "vllm-prompt-truncation",
@@ -119,6 +120,7 @@ APPLIED = {
         "fsdp2-vllm-sync",
         "generation-config-model-defaults",
         "logits-to-keep",
+        "misaligned-generation-old-logps",
         "none-reward-baseline",
         "reward-func-partial-name",
         "vllm-double-bos",
@@ -128,11 +130,13 @@ APPLIED = {
     "trl0.19.1-tf4.53.3": {
         "generation-config-model-defaults",
         "logits-to-keep",
+        "misaligned-generation-old-logps",
         "none-reward-baseline",
         "reward-func-partial-name",
     },
     "trl0.19.1-tf5.23.0": {
         "logits-to-keep",
+        "misaligned-generation-old-logps",
         "none-reward-baseline",
         "reward-func-partial-name",
         "transformers5-import",
@@ -392,6 +396,7 @@ APPLIED = {
     "vllm-cpu-real-trl0.18.2": {
         "fsdp2-vllm-sync",
         "generation-config-model-defaults",
+        "misaligned-generation-old-logps",
         "reward-func-partial-name",
         "vllm-double-bos",
         "vllm-prompt-truncation",
@@ -400,6 +405,7 @@ APPLIED = {
         "fsdp2-vllm-sync",
         "generation-config-model-defaults",
         "logits-to-keep",
+        "misaligned-generation-old-logps",
         "none-reward-baseline",
         "reward-func-partial-name",
         "vllm-double-bos",

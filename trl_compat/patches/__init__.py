@@ -1054,6 +1054,25 @@ PATCHES = [
         fixed_in={"trl": "1.9.0"},
         remove_when="trl_compat no longer supports TRL < 1.9.0",
     ),
+    # -- generation and optimizer steps out of step (TRL 0.18 - 0.19.x) ---------------------------------
+    Patch(
+        id="misaligned-generation-old-logps",
+        summary="gradient_accumulation_steps not a multiple of steps_per_generation: old log-probs computed after generation, "
+        "as TRL 0.20",
+        symptom="silent: slices of a generation trained after an optimizer step get importance ratio 1 and no clipping "
+        "(e.g. gradient_accumulation_steps=3, steps_per_generation=2)",
+        upstream="https://github.com/huggingface/trl/pull/3725 (fixed in 0.20.0)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer._generate_and_score_completions",
+        changes=("GRPOTrainer._generate_and_score_completions",),
+        # steps_per_generation arrived in 0.18.0; 508d551db (0.20.0.dev0) fixed it, read by the probe.
+        requires={"trl": affected("0.18.0", "0.20.0")},
+        witnesses={
+            "trl": {"inside": ["0.18.0", "0.18.2", "0.19.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.17.0", "0.20.0", "1.0.0"]}
+        },
+        fixed_in={"trl": "0.20.0"},
+        remove_when="trl_compat no longer supports TRL < 0.20.0",
+    ),
 ]
 
 
