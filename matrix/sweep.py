@@ -132,6 +132,10 @@ KNOWN = {
     "none-reward-baseline": lambda v, vs: V("0.19.0") <= v < V("1.6.0"),
     # PR #6423 (c24964d0a, 1.9.0); the setting arrived in 0.27.0
     "tool-iterations-zero": lambda v, vs: V("0.27.0") <= v < V("1.9.0"),
+    # PR #6364 (66d9b8da7, 1.9.0); environment_factory arrived in 0.29.0 with the in-place loop
+    "environment-prompt-mutation": lambda v, vs: V("0.29.0") <= v < V("1.9.0"),
+    # PR #3725 (508d551db, 0.20.0); steps_per_generation arrived in 0.18.0
+    "misaligned-generation-old-logps": lambda v, vs: V("0.18.0") <= v < V("0.20.0"),
     # PR #3723 (640a9f391, 0.20.0) brought the 12345 fallback, PR #4057 (008c7ad9a, 0.24.0) fixed it
     "colocate-master-port": lambda v, vs: V("0.20.0") <= v < V("0.24.0"),
     # PR #3634 (84982ad79; cherry-picked for 0.19.1)

@@ -110,6 +110,7 @@ APPLIED = {
     "trl0.18.2-tf4.52.4": {
         "fsdp2-vllm-sync",
         "generation-config-model-defaults",
+        "misaligned-generation-old-logps",
         "reward-func-partial-name",
         "vllm-double-bos",
         "vllm-prompt-truncation",
@@ -119,6 +120,7 @@ APPLIED = {
         "fsdp2-vllm-sync",
         "generation-config-model-defaults",
         "logits-to-keep",
+        "misaligned-generation-old-logps",
         "none-reward-baseline",
         "reward-func-partial-name",
         "vllm-double-bos",
@@ -128,11 +130,13 @@ APPLIED = {
     "trl0.19.1-tf4.53.3": {
         "generation-config-model-defaults",
         "logits-to-keep",
+        "misaligned-generation-old-logps",
         "none-reward-baseline",
         "reward-func-partial-name",
     },
     "trl0.19.1-tf5.23.0": {
         "logits-to-keep",
+        "misaligned-generation-old-logps",
         "none-reward-baseline",
         "reward-func-partial-name",
         "transformers5-import",
@@ -281,6 +285,7 @@ APPLIED = {
     "trl0.29.1-tf4.57.6": {
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
+        "environment-prompt-mutation",
         "generation-eos-ids",
         "none-reward-baseline",
         "reward-func-partial-name",
@@ -291,6 +296,7 @@ APPLIED = {
     "trl0.29.1-tf5.2.0": {
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
+        "environment-prompt-mutation",
         "generation-eos-ids",
         "none-reward-baseline",
         "reward-func-partial-name",
@@ -303,6 +309,7 @@ APPLIED = {
     "trl1.0.0-tf4.57.6-ds0.19.2": {
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
+        "environment-prompt-mutation",
         "generation-eos-ids",
         "none-reward-baseline",
         "peft-zero3-gc-reentrant",
@@ -314,6 +321,7 @@ APPLIED = {
     "trl1.4.0-tf5.5.4-ds0.19.1": {
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
+        "environment-prompt-mutation",
         "generation-eos-ids",
         "none-reward-baseline",
         "peft-zero3-gc-reentrant",
@@ -389,6 +397,7 @@ APPLIED = {
     "vllm-cpu-real-trl0.18.2": {
         "fsdp2-vllm-sync",
         "generation-config-model-defaults",
+        "misaligned-generation-old-logps",
         "reward-func-partial-name",
         "vllm-double-bos",
         "vllm-prompt-truncation",
@@ -397,6 +406,7 @@ APPLIED = {
         "fsdp2-vllm-sync",
         "generation-config-model-defaults",
         "logits-to-keep",
+        "misaligned-generation-old-logps",
         "none-reward-baseline",
         "reward-func-partial-name",
         "vllm-double-bos",

@@ -1063,6 +1063,43 @@ PATCHES = [
         },
         remove_when="trl_compat no longer supports TRL 1.11.x and 1.12.x",
     ),
+    # -- environments (TRL 0.29 - 1.8.x) ---------------------------------------------------------------
+    Patch(
+        id="environment-prompt-mutation",
+        summary="environment_factory: TRL appends each reset observation to a copy of the example's last message, as TRL 1.9",
+        symptom="silent: environment_factory: the examples handed to _generate_and_score_completions keep the observation; "
+        "scored again, their prompts carry it twice",
+        upstream="https://github.com/huggingface/trl/pull/6364 (fixed in 1.9.0)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer._generate_and_score_completions",
+        changes=("GRPOTrainer._generate_and_score_completions",),
+        # environment_factory arrived in 0.29.0 with the in-place loop; 66d9b8da7 (1.9.0.dev0) fixed it, read by the probe.
+        requires={"trl": affected("0.29.0", "1.9.0")},
+        witnesses={
+            "trl": {"inside": ["0.29.0", "0.29.1", "1.0.0", "1.4.0", "1.8.0", "1.9.0.dev0"], "outside": ["0.28.0", "1.9.0", "1.16.0"]}
+        },
+        fixed_in={"trl": "1.9.0"},
+        remove_when="trl_compat no longer supports TRL < 1.9.0",
+    ),
+    # -- generation and optimizer steps out of step (TRL 0.18 - 0.19.x) ---------------------------------
+    Patch(
+        id="misaligned-generation-old-logps",
+        summary="gradient_accumulation_steps not a multiple of steps_per_generation: old log-probs computed after generation, "
+        "as TRL 0.20",
+        symptom="silent: slices of a generation trained after an optimizer step get importance ratio 1 and no clipping "
+        "(e.g. gradient_accumulation_steps=3, steps_per_generation=2)",
+        upstream="https://github.com/huggingface/trl/pull/3725 (fixed in 0.20.0)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer._generate_and_score_completions",
+        changes=("GRPOTrainer._generate_and_score_completions",),
+        # steps_per_generation arrived in 0.18.0; 508d551db (0.20.0.dev0) fixed it, read by the probe.
+        requires={"trl": affected("0.18.0", "0.20.0")},
+        witnesses={
+            "trl": {"inside": ["0.18.0", "0.18.2", "0.19.0", "0.19.1", "0.20.0.dev0"], "outside": ["0.17.0", "0.20.0", "1.0.0"]}
+        },
+        fixed_in={"trl": "0.20.0"},
+        remove_when="trl_compat no longer supports TRL < 0.20.0",
+    ),
 ]
 
 
