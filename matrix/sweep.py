@@ -140,6 +140,8 @@ KNOWN = {
     "colocate-master-port": lambda v, vs: V("0.20.0") <= v < V("0.24.0"),
     # PR #3634 (84982ad79; cherry-picked for 0.19.1)
     "colocate-generation-kwargs": lambda v, vs: v == V("0.19.0"),
+    # ledger record 1.14.0..1.14.1 (wheel diff); the tool loop refused server mode before PR #5235 (c0e3fb0c5, 1.0.0)
+    "tool-loop-server-generations": lambda v, vs: V("1.0.0") <= v < V("1.14.1"),
 }
 
 # Main-branch commits (reporting X.dev0) around the windows' bounds, with what research found in their

@@ -1100,6 +1100,31 @@ PATCHES = [
         fixed_in={"trl": "0.20.0"},
         remove_when="trl_compat no longer supports TRL < 0.20.0",
     ),
+    # -- tools in server mode (TRL 1.0 - 1.14.0) ------------------------------------------------------
+    # wraps _tool_call_loop; tool-loop-retokenization declares it too but never applies (advice), and
+    # its window ends where this one begins
+    Patch(
+        id="tool-loop-server-generations",
+        summary='tools with vllm_mode="server": each post-tool turn generates one completion per history (n=1), as TRL 1.14.1 does',
+        symptom=(
+            "silent: after a tool call only every num_generations-th history reaches the server (n=num_generations); "
+            "the other samples are trained on continuations of a neighbour's conversation"
+        ),
+        upstream=(
+            "TRL's grpo_trainer.py, changed between the 1.14.0 and 1.14.1 wheels (fixed in 1.14.1); server mode reached "
+            "the tool loop from PR #5235 (1.0.0)"
+        ),
+        fixed_in={"trl": "1.14.1"},
+        must_exist="GRPOTrainer._tool_call_loop",
+        changes=("GRPOTrainer._tool_call_loop",),
+        # the loop refused server mode before c0e3fb0c5 (PR #5235, main 1.0.0.dev0) and passes
+        # num_generations=1 once fixed: the probe reads both, so it tells the dev builds at each end apart
+        requires={"trl": affected("1.0.0", "1.14.1")},
+        witnesses={
+            "trl": {"inside": ["1.0.0.dev0", "1.0.0", "1.9.2", "1.14.0", "1.14.1.dev0"], "outside": ["0.29.1", "1.14.1", "1.16.0"]}
+        },
+        remove_when="trl_compat no longer supports TRL 1.0.0 - 1.14.0",
+    ),
 ]
 
 
