@@ -135,6 +135,8 @@ KNOWN = {
     "colocate-master-port": lambda v, vs: V("0.20.0") <= v < V("0.24.0"),
     # PR #3634 (84982ad79; cherry-picked for 0.19.1)
     "colocate-generation-kwargs": lambda v, vs: v == V("0.19.0"),
+    # PR #5811 (4711a21d6, 1.5.0); GRPO evaluates from 0.15.0 (PR #2694, prediction_step and the eval_ prefix)
+    "metric-for-best-model": lambda v, vs: V("0.15.0") <= v < V("1.5.0"),
 }
 
 # Main-branch commits (reporting X.dev0) around the windows' bounds, with what research found in their
