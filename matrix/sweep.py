@@ -142,6 +142,8 @@ KNOWN = {
     "colocate-generation-kwargs": lambda v, vs: v == V("0.19.0"),
     # ledger record 1.14.0..1.14.1 (wheel diff); the tool loop refused server mode before PR #5235 (c0e3fb0c5, 1.0.0)
     "tool-loop-server-generations": lambda v, vs: V("1.0.0") <= v < V("1.14.1"),
+    # PR #5811 (4711a21d6, 1.5.0); GRPO evaluates from 0.15.0 (PR #2694, prediction_step and the eval_ prefix)
+    "metric-for-best-model": lambda v, vs: V("0.15.0") <= v < V("1.5.0"),
 }
 
 # Main-branch commits (reporting X.dev0) around the windows' bounds, with what research found in their

@@ -1125,6 +1125,27 @@ PATCHES = [
         },
         remove_when="trl_compat no longer supports TRL 1.0.0 - 1.14.0",
     ),
+    # -- config settings TRL did not honour ----------------------------------------------------------
+    # metric-for-best-model wraps GRPOTrainer.log, as grpo-eval-0.14 does on 0.14.0: both only on 0.15.0.dev0 builds
+    Patch(
+        id="metric-for-best-model",
+        summary="GRPOTrainer.log adds its metrics to the caller's dict, as TRL 1.5 does: evaluate() returns eval_reward & co.",
+        symptom="KeyError: The `metric_for_best_model` training argument is set to 'eval_reward', which is not found in "
+        "the evaluation metrics (first evaluation of train())",
+        upstream="https://github.com/huggingface/trl/pull/5811 (fixed in 1.5.0)",
+        changes=("GRPOTrainer.log",),
+        # 0.15.0 brought GRPO's evaluation (prediction_step, the eval_ prefix) with log's new dict;
+        # 4711a21d6 (1.5.0.dev0) fixed it, read by the probe
+        requires={"trl": affected("0.15.0", "1.5.0")},
+        witnesses={
+            "trl": {
+                "inside": ["0.15.0", "0.16.1", "0.22.1", "0.29.1", "1.0.0", "1.4.0", "1.5.0.dev0"],
+                "outside": ["0.14.0", "1.5.0", "1.16.0"],
+            }
+        },
+        fixed_in={"trl": "1.5.0"},
+        remove_when="trl_compat no longer supports TRL < 1.5.0",
+    ),
 ]
 
 
