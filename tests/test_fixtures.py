@@ -41,17 +41,58 @@ def test_tokenizer_round_trips_and_pads_left(tmp_path):
     assert enc.attention_mask[0].tolist() == [0, 0, 1, 1]
     assert tok.decode([tok.eos_token_id, 5], skip_special_tokens=True) == tiny.vocab_words()[2]
 
-    import transformers
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers import AutoTokenizer
 
-    tiny.save_tiny(tmp_path / "m", "qwen2", tokenizer=tok)
-    # transformers 5's AutoTokenizer maps model_type "qwen2" to Qwen2Tokenizer, which rebuilds a
-    # BPE model and ignores our WordLevel tokenizer.json; the tests always pass processing_class.
-    loader = PreTrainedTokenizerFast if int(transformers.__version__.split(".")[0]) >= 5 else AutoTokenizer
-    again = loader.from_pretrained(tmp_path / "m")
+    again = AutoTokenizer.from_pretrained(tiny.save_tiny(tmp_path / "m", "qwen2", tokenizer=tok))
     assert again.padding_side == "left"
     assert list(again.model_input_names) == ["input_ids", "attention_mask"]
     assert again("bele biva").input_ids == tok("bele biva").input_ids
+
+
+# Texts the tests encode (prompts, a chat turn) and some they do not (unknown words, punctuation,
+# newlines, runs of spaces, special tokens in the text), so "the same ids" is not only on easy text.
+_ENCODED_TEXTS = [
+    *tiny.prompt_dataset(4)["prompt"],
+    "system user assistant baba",
+    "bele  biva\nkaba,   xyzzy dofu!\t</s> <pad>tire<unk>",
+    "",
+]
+
+
+@pytest.mark.parametrize("trust_remote_code", [None, True], ids=["default", "trust_remote_code"])
+@pytest.mark.parametrize(
+    "arch,make",
+    [("qwen2", tiny.make_tokenizer), ("llama", tiny.make_llama3_tokenizer), ("qwen2", tiny.make_llama3_tokenizer)],
+    ids=["qwen2", "llama-llama3", "qwen2-llama3"],
+)
+def test_saved_checkpoint_loads_its_own_tokenizer_through_autotokenizer(arch, make, trust_remote_code, tmp_path):
+    """What vLLM (and the stand-in) do with a checkpoint: ``AutoTokenizer.from_pretrained(path)``.
+    It must give the ids (and text) of the tokenizer as built. On transformers >= 5.14 a plain
+    ``save_pretrained`` of a "qwen2" checkpoint loads as ``Qwen2Tokenizer`` instead, which encodes
+    every word to nothing (``[]``), so prompts are empty (see ``tiny.save_tokenizer``)."""
+    from transformers import AutoTokenizer
+
+    built = make()
+    path = tiny.save_tiny(tmp_path / f"ckpt-{arch}", arch, tokenizer=built)
+    kwargs = {} if trust_remote_code is None else {"trust_remote_code": trust_remote_code}
+    loaded = AutoTokenizer.from_pretrained(path, **kwargs)
+
+    assert [loaded(t).input_ids for t in _ENCODED_TEXTS] == [built(t).input_ids for t in _ENCODED_TEXTS]
+    assert [loaded(t, add_special_tokens=False).input_ids for t in _ENCODED_TEXTS] == [
+        built(t, add_special_tokens=False).input_ids for t in _ENCODED_TEXTS
+    ]
+    # by value: "baba" and "bafe" are words 0 and 11 of vocab_words(), after the 3 specials
+    # (llama3: after its 7 specials and 3 roles, with the BOS, id 3, first)
+    assert loaded("baba bafe").input_ids == ([3, 14] if make is tiny.make_tokenizer else [3, 10, 21])
+    ids = list(range(tiny.VOCAB_SIZE))
+    assert loaded.decode(ids) == built.decode(ids)
+    assert loaded.decode(ids, skip_special_tokens=True) == built.decode(ids, skip_special_tokens=True)
+    assert len(loaded) == len(built) == tiny.VOCAB_SIZE
+    special = ("pad_token_id", "eos_token_id", "bos_token_id", "unk_token_id")
+    assert [getattr(loaded, name) for name in special] == [getattr(built, name) for name in special]
+    assert loaded.padding_side == "left" and list(loaded.model_input_names) == ["input_ids", "attention_mask"]
+    assert loaded.chat_template == built.chat_template
+    assert type(loaded).__name__ != "Qwen2Tokenizer"
 
 
 @pytest.mark.parametrize("arch", tiny.ARCHS)
@@ -468,7 +509,7 @@ def test_standin_chat_applies_the_template_without_special_tokens(tmp_path):
 
     path = tiny.save_tiny(tmp_path / "m", "llama")
     tok = tiny.make_llama3_tokenizer()
-    tok.save_pretrained(path)
+    tiny.save_tokenizer(path, tok)
     llm = LLM(model=path, dtype="float32")
     conversations = [[{"role": "user", "content": "baba bafe"}], [{"role": "user", "content": "baki"}]]
     outs = llm.chat(conversations, SamplingParams(max_tokens=2), use_tqdm=False, chat_template_kwargs={})

@@ -9,6 +9,9 @@ the weights of the last sync, not from the checkpoint reloaded from disk (or lev
   - unpatched 0.28+: every generation after step 0 runs on the initial checkpoint;
   - unpatched 0.26 - 0.27: the generation at an unchanged step (the second evaluate) does;
   - patched: every generation runs on the last synced weights, the trained ones after step 0.
+  - TRL >= 1.10.0 (fixed by PR #5313, ``_llm_weights_sleeping``; the patch is not needed, so the
+    three tests above skip there): the same run, unpatched by construction, generates from the
+    last synced weights every time, as the patched older releases do.
 * The state machine on a bare stand-in engine; the probe on the real TRL and on code written here.
 """
 
@@ -39,10 +42,15 @@ def _trl_or_skip():
     return grpo_run.trl_version()[:2]
 
 
+FIXED = (1, 10)  # TRL 1.10.0: PR #5313's _llm_weights_sleeping syncs after every level-2 sleep
+
+
 def _sleep_cell_or_skip():
     version = _trl_or_skip()
     if version < (0, 25):
         pytest.skip("TRL < 0.25 sleeps vLLM at level 1 (weights kept): no bug")
+    if version >= FIXED:
+        pytest.skip("TRL 1.10.0 fixed it (PR #5313: _llm_weights_sleeping): the patch is not needed")
     reason = grpo_run.vllm_unsupported_reason()
     if reason is not None:
         pytest.skip(reason)
@@ -157,6 +165,27 @@ def test_patched_generates_from_the_last_synced_weights(tmp_path):
         assert not _same(engine, initial), f"step {step}: vLLM holds the checkpoint"
     # the engine was put back to sleep after the last generation, with a sync due
     assert trainer._last_loaded_step == -1
+
+
+def test_fixed_release_generates_from_the_last_synced_weights(tmp_path):
+    """TRL >= 1.10.0, no patch (its probe says "not needed"): the instrumented run of the patched
+    test gives the same values, every generation on the weights of the last sync, the trained
+    ones after step 0, though the stand-in's level-2 sleep leaves garbage in the engine."""
+    version = _trl_or_skip()
+    if version < FIXED:
+        pytest.skip("TRL < 1.10.0 has the bug: the tests above cover it")
+    reason = grpo_run.vllm_unsupported_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    assert trl_compat.status(PID) == trl_compat.NOT_NEEDED, trl_compat.report()
+    trainer, record = _run(tmp_path)
+    calls, initial = record["calls"], record["initial"]
+    for step, engine, synced in calls:
+        assert _same(engine, synced), f"step {step}: vLLM does not hold the weights of the last sync"
+    for step, engine, _ in calls[1:]:
+        assert not _same(engine, initial), f"step {step}: vLLM holds the checkpoint"
+    # TRL's own state: the engine went back to level-2 sleep after the last generation, a sync due
+    assert trainer.vllm_generation._llm_weights_sleeping is True
 
 
 def test_state_machine_on_a_bare_engine(tmp_path):

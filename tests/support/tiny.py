@@ -12,7 +12,9 @@ from an in-code config, and the dataset is made in memory.
   RNG): vocab = tokenizer size, hidden 128, 2 layers, 4 heads / 2 KV heads (head_dim 32),
   intermediate 256, untied embeddings, float32.
 * ``save_tiny(path, arch)``  model + tokenizer saved to a directory, for ``GRPOTrainer(model=<path>)``,
-  DeepSpeed ZeRO-3 runs (which need a path) and the vLLM stand-in (which loads from a path).
+  DeepSpeed ZeRO-3 runs (which need a path) and the vLLM stand-in (which loads from a path). The
+  tokenizer is saved by ``save_tokenizer``, so that ``AutoTokenizer.from_pretrained(path)`` gives it
+  back as built on every transformers (see there).
 * ``make_llama3_tokenizer()``  the same kind of tokenizer, Llama-3-style: it adds a BOS
   (``<|begin_of_text|>``) to every text it encodes with special tokens, and its chat template
   writes the BOS text itself, with ``<|start_header_id|>``/``<|end_header_id|>``/``<|eot_id|>``
@@ -24,7 +26,9 @@ from an in-code config, and the dataset is made in memory.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from collections.abc import Iterable
 from typing import Any
 
@@ -188,8 +192,45 @@ def save_tiny(path: str | os.PathLike, arch: str = "qwen2", model=None, tokenize
     model = model if model is not None else make_model(arch)
     tokenizer = tokenizer if tokenizer is not None else make_tokenizer()
     model.save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
+    save_tokenizer(path, tokenizer)
     return path
+
+
+TOKENIZER_MODULE = "tokenization_tiny"  # tests/support/tokenization_tiny.py, copied into each checkpoint
+TOKENIZER_AUTO_MAP = {"AutoTokenizer": [None, f"{TOKENIZER_MODULE}.TinyTokenizerFast"]}  # [slow, fast]
+
+
+def save_tokenizer(path: str | os.PathLike, tokenizer) -> None:
+    """Save ``tokenizer`` to ``path`` so that ``AutoTokenizer.from_pretrained(path)`` returns its own
+    ``tokenizer.json``, whatever the model type in ``path``'s ``config.json``.
+
+    Why: transformers 5 lists model types whose checkpoints' ``tokenizer_class`` it does not believe
+    (``MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS`` in ``models/auto/tokenization_auto.py``; "qwen2"
+    is in it from some 5.x between 5.5.4 and 5.14.1) and loads the model type's own class instead:
+    ``Qwen2Tokenizer``, which rebuilds a byte-level BPE from the vocab and merges of
+    ``tokenizer.json``. Our WordLevel vocab has no merges, so every word then encodes to no ids.
+
+    What transformers does honour for those model types is a tokenizer the checkpoint declares as
+    its own code: ``auto_map`` -> ``AutoTokenizer`` in ``tokenizer_config.json`` (the entry
+    ``register_for_auto_class("AutoTokenizer")`` writes). With ``trust_remote_code=True`` it loads
+    that class (``tokenization_tiny.TinyTokenizerFast``, a ``PreTrainedTokenizerFast`` under its own
+    name, copied here); without, it skips the checkpoint's code for those model types and, as the
+    ``auto_map`` keeps it from overriding the declared class, loads the saved ``tokenizer_class``
+    (``TokenizersBackend`` on 5.x, ``PreTrainedTokenizerFast`` on 4.x) from ``tokenizer.json``.
+    Either way: the ids of the tokenizer as built, on transformers 4.46 to 5.23 (test_fixtures.py).
+    The ``tokenizer_class`` stays the one ``save_pretrained`` wrote (not the custom class's name, as
+    ``register_for_auto_class`` would write it): transformers 4.x refuses an unknown class name
+    when ``trust_remote_code`` is not set.
+    """
+    path = os.fspath(path)
+    tokenizer.save_pretrained(path)
+    shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{TOKENIZER_MODULE}.py"), path)
+    config_file = os.path.join(path, "tokenizer_config.json")
+    with open(config_file, encoding="utf-8") as f:
+        config = json.load(f)
+    config["auto_map"] = TOKENIZER_AUTO_MAP
+    with open(config_file, "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, ensure_ascii=False)
 
 
 def prompt_dataset(n: int = 8, words_per_prompt: int = 5):
