@@ -135,6 +135,8 @@ KNOWN = {
     "colocate-master-port": lambda v, vs: V("0.20.0") <= v < V("0.24.0"),
     # PR #3634 (84982ad79; cherry-picked for 0.19.1)
     "colocate-generation-kwargs": lambda v, vs: v == V("0.19.0"),
+    # ledger record 1.9.2..1.10.0 (wheel diff; PR #6654); luspo came with PR #4988 (ff55949cc, 0.28.0)
+    "luspo-unmasked-loss": lambda v, vs: V("0.28.0") <= v < V("1.10.0"),
 }
 
 # Main-branch commits (reporting X.dev0) around the windows' bounds, with what research found in their
