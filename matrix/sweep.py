@@ -144,6 +144,8 @@ KNOWN = {
     "tool-loop-server-generations": lambda v, vs: V("1.0.0") <= v < V("1.14.1"),
     # PR #5811 (4711a21d6, 1.5.0); GRPO evaluates from 0.15.0 (PR #2694, prediction_step and the eval_ prefix)
     "metric-for-best-model": lambda v, vs: V("0.15.0") <= v < V("1.5.0"),
+    # ledger record 1.9.2..1.10.0 (wheel diff; PR #6654); luspo came with PR #4988 (ff55949cc, 0.28.0)
+    "luspo-unmasked-loss": lambda v, vs: V("0.28.0") <= v < V("1.10.0"),
 }
 
 # Main-branch commits (reporting X.dev0) around the windows' bounds, with what research found in their

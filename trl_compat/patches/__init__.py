@@ -1146,6 +1146,30 @@ PATCHES = [
         fixed_in={"trl": "1.5.0"},
         remove_when="trl_compat no longer supports TRL < 1.5.0",
     ),
+    # -- the loss of TRL 1.x pins ---------------------------------------------------------------------
+    # luspo-unmasked-loss wraps _compute_loss as dapo-generation-batch-normalizer does: that one acts on
+    # dapo/cispo/vespo only and this one on luspo (run as dr_grpo), so the two stack in either order.
+    Patch(
+        id="luspo-unmasked-loss",
+        summary="loss_type='luspo': the per-token loss is masked before each sequence's sum, as TRL 1.10.0",
+        symptom="silent: loss_type='luspo' with token-level importance sampling (the default), a KL term or the entropy "
+        "mask: pad tokens enter the loss, each sequence weighted by L^2/T instead of L",
+        upstream="https://github.com/huggingface/trl/pull/6654 (fixed in 1.10.0)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer._compute_loss",
+        changes=("GRPOTrainer._compute_loss",),
+        # luspo came with PR #4988 (ff55949cc, 0.28.0); the wheels of 0.28.0 - 1.9.2 hold the buggy line, 1.10.0 the
+        # fix, read by the probe (main before PR #4988 has no luspo: "not needed")
+        requires={"trl": affected("0.28.0", "1.10.0")},
+        witnesses={
+            "trl": {
+                "inside": ["0.28.0", "0.29.1", "1.0.0", "1.4.0", "1.9.2", "1.10.0.dev0"],
+                "outside": ["0.27.1", "1.10.0", "1.16.0"],
+            }
+        },
+        fixed_in={"trl": "1.10.0"},
+        remove_when="TRL < 1.10.0 is no longer supported",
+    ),
 ]
 
 
