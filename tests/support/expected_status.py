@@ -18,6 +18,7 @@ APPLIED = {
         "vllm-double-bos",
         "vllm-lora-names",
         "vllm-prompt-truncation",
+        "zero3-hooks-trace",
         "zero3-unwrap",
     },
     "trl0.14.0-tf4.52.4": {
@@ -34,6 +35,7 @@ APPLIED = {
         "vllm-lora-names",
         "vllm-prompt-truncation",
         "zero3-hooks-api",
+        "zero3-hooks-trace",
         "zero3-unwrap",
     },
     "trl0.15.0-tf4.48.3": {
@@ -47,6 +49,7 @@ APPLIED = {
         "vllm-merged-weights",
         "vllm-prefix-cache",
         "vllm-prompt-truncation",
+        "zero3-hooks-trace",
         "zero3-unwrap",
     },
     "trl0.15.2-tf4.48.3": {
@@ -60,6 +63,7 @@ APPLIED = {
         "vllm-prefix-cache",
         "vllm-prompt-truncation",
         "zero3-hooks-api",
+        "zero3-hooks-trace",
         "zero3-unwrap",
     },
     "trl0.15.2-tf4.48.3-nopeft": {
@@ -86,6 +90,7 @@ APPLIED = {
         "vllm-prompt-truncation",
         "vllm-v1-engine",
         "zero3-hooks-api",
+        "zero3-hooks-trace",
         "zero3-unwrap",
     },
     "trl0.16.1-tf4.50.3": {
@@ -95,6 +100,7 @@ APPLIED = {
         "resume-buffered-inputs",
         "reward-func-partial-name",
         "reward-model-zero3",
+        "zero3-hooks-trace",
     },
     "trl0.16.1-tf4.52.4": {
         "dataloader-workers",
@@ -104,6 +110,7 @@ APPLIED = {
         "reward-func-partial-name",
         "reward-model-zero3",
         "train-sampler-signature",
+        "zero3-hooks-trace",
     },
     "trl0.17.0-tf4.46.3": {"dataloader-workers", "logits-to-keep", "reward-func-partial-name"},
     "trl0.17.0-tf4.52.4": {"dataloader-workers", "generation-config-model-defaults", "reward-func-partial-name"},
@@ -204,6 +211,7 @@ APPLIED = {
         "prompt-right-truncation",
         "reward-func-partial-name",
         "vllm-serve-raw-logprobs",
+        "zero3-hooks-trace",
     },
     # the same stack with DeepSpeed 0.19.2 and no vLLM: ZeRO-3 + LoRA on bf16 models
     "trl0.24.0-tf4.57.1-ds0.19.2": {
@@ -320,6 +328,7 @@ APPLIED = {
         "reward-func-partial-name",
         "tool-iterations-zero",
         "vllm-sleep-mode-weights",
+        "zero3-hooks-trace",
     },
     "trl1.9.2-tf5.14.1-ds0.19.3": {
         "generation-eos-ids",
