@@ -124,6 +124,10 @@ KNOWN = {
     "peft-zero3-gc-reentrant": lambda v, vs: (
         _v(vs, "peft") is not None and _v(vs, "deepspeed") is not None and V("0.27.0") <= v < V("1.9.0")
     ),
+    # research/bugs-1x.md C5 (PR #4693, 1.5.0); DeepSpeed 0.19.2 (PR #8043) invalidates the trace itself
+    "zero3-hooks-trace": lambda v, vs: (
+        _v(vs, "deepspeed") is not None and _v(vs, "deepspeed") < V("0.19.2") and V("0.14.0") <= v < V("1.5.0")
+    ),
     "tools-empty-list-template": lambda v, vs: v == V("0.26.0") or V("0.28.0") <= v < V("1.0.0"),
     "tool-suffix-eos-newline": lambda v, vs: v == V("0.29.1") and _v(vs, "transformers") >= V("5.0.0"),
     # ledger record 1.14.1..1.14.2 (wheel diff); TRL < 0.24 computes the mask inline, where the patch does not reach

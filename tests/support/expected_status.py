@@ -18,6 +18,7 @@ APPLIED = {
         "vllm-double-bos",
         "vllm-lora-names",
         "vllm-prompt-truncation",
+        "zero3-hooks-trace",
         "zero3-unwrap",
     },
     "trl0.14.0-tf4.52.4": {
@@ -34,6 +35,7 @@ APPLIED = {
         "vllm-lora-names",
         "vllm-prompt-truncation",
         "zero3-hooks-api",
+        "zero3-hooks-trace",
         "zero3-unwrap",
     },
     "trl0.15.0-tf4.48.3": {
@@ -48,6 +50,7 @@ APPLIED = {
         "vllm-merged-weights",
         "vllm-prefix-cache",
         "vllm-prompt-truncation",
+        "zero3-hooks-trace",
         "zero3-unwrap",
     },
     "trl0.15.2-tf4.48.3": {
@@ -62,6 +65,7 @@ APPLIED = {
         "vllm-prefix-cache",
         "vllm-prompt-truncation",
         "zero3-hooks-api",
+        "zero3-hooks-trace",
         "zero3-unwrap",
     },
     "trl0.15.2-tf4.48.3-nopeft": {
@@ -90,6 +94,7 @@ APPLIED = {
         "vllm-prompt-truncation",
         "vllm-v1-engine",
         "zero3-hooks-api",
+        "zero3-hooks-trace",
         "zero3-unwrap",
     },
     "trl0.16.1-tf4.50.3": {
@@ -100,6 +105,7 @@ APPLIED = {
         "resume-buffered-inputs",
         "reward-func-partial-name",
         "reward-model-zero3",
+        "zero3-hooks-trace",
     },
     "trl0.16.1-tf4.52.4": {
         "dataloader-workers",
@@ -110,6 +116,7 @@ APPLIED = {
         "reward-func-partial-name",
         "reward-model-zero3",
         "train-sampler-signature",
+        "zero3-hooks-trace",
     },
     "trl0.17.0-tf4.46.3": {"dataloader-workers", "logits-to-keep", "metric-for-best-model", "reward-func-partial-name"},
     "trl0.17.0-tf4.52.4": {
@@ -228,6 +235,7 @@ APPLIED = {
         "prompt-right-truncation",
         "reward-func-partial-name",
         "vllm-serve-raw-logprobs",
+        "zero3-hooks-trace",
     },
     # the same stack with DeepSpeed 0.19.2 and no vLLM: ZeRO-3 + LoRA on bf16 models
     "trl0.24.0-tf4.57.1-ds0.19.2": {
@@ -366,6 +374,7 @@ APPLIED = {
         "tool-iterations-zero",
         "tool-loop-server-generations",
         "vllm-sleep-mode-weights",
+        "zero3-hooks-trace",
     },
     "trl1.9.2-tf5.14.1-ds0.19.3": {
         "generation-eos-ids",

@@ -14,7 +14,8 @@ all of this tiny model's) whole on every rank and re-gathers them after each opt
 with one buffer dtype per bucket in DeepSpeed 0.19.2. Whether zero3-peft-mixed-dtype is on is
 decided by the environment (``TRL_COMPAT_DISABLE``). Observations, one line each (``Z3|{json}``):
 
-* ``versions``: TRL, DeepSpeed, peft and the patch's status;
+* ``versions``: TRL, DeepSpeed, peft and the statuses of zero3-peft-mixed-dtype, peft-zero3-gc-reentrant and
+  zero3-hooks-trace;
 * ``adapters``: after ``GRPOTrainer(...)``: the dtypes of the LoRA and of the base parameters, the
   gradient checkpointing settings;
 * ``train``: the losses, and per LoRA parameter whether its gathered value changed.
@@ -86,6 +87,7 @@ def main():
         peft=peft.__version__,
         status=trl_compat.status("zero3-peft-mixed-dtype"),
         gc_status=trl_compat.status("peft-zero3-gc-reentrant"),
+        trace_status=trl_compat.status("zero3-hooks-trace"),
     )
     # TrainingArguments refuses bf16=True without a bf16 GPU unless use_cpu=True, which would turn off the
     # 2-process DeepSpeed set-up; DeepSpeed's CPU accelerator and torch's CPU kernels do run bf16.

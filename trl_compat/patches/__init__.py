@@ -1170,6 +1170,30 @@ PATCHES = [
         fixed_in={"trl": "1.10.0"},
         remove_when="TRL < 1.10.0 is no longer supported",
     ),
+    # -- ZeRO-3 generation: the coordinator trace after TRL's add_hooks (TRL < 1.5, DeepSpeed < 0.19.2) -----------
+    # Stacks above zero3-hooks-api (TRL 0.14 - 0.15 with DeepSpeed >= 0.16.4), which also wraps add_hooks: the trace is
+    # invalidated first, then either re-registers the hooks; neither depends on the other.
+    Patch(
+        id="zero3-hooks-trace",
+        summary="ZeRO-3 generation: add_hooks invalidates DeepSpeed's coordinator trace before re-registering the hooks, as TRL 1.5.0",
+        symptom="IndexError: pop from an empty deque (record_parameters, the second step's first forward; ZeRO-3 + PEFT)",
+        upstream=(
+            "https://github.com/huggingface/trl/pull/4693 (fixed in 1.5.0); "
+            "https://github.com/deepspeedai/DeepSpeed/pull/8043 (DeepSpeed 0.19.2 invalidates it itself)"
+        ),
+        fixed_in={"trl": "1.5.0"},
+        trigger="trl.models.utils",
+        must_exist="add_hooks",
+        changes=("add_hooks",),
+        # TRL's remove_hooks/add_hooks leave the trace stale since they came (PR #1483, 0.8.2): from GRPOTrainer's first
+        # release. main fixed it in aad3b6d71 (1.5.0.dev0), DeepSpeed in 0.19.2: the probe reads both.
+        requires={"trl": affected("0.14.0", "1.5.0"), "deepspeed": affected("0.0.0", "0.19.2")},
+        witnesses={
+            "trl": {"inside": ["0.14.0", "0.16.1", "0.24.0", "1.0.0", "1.4.0", "1.5.0.dev0"], "outside": ["1.5.0", "1.16.0"]},
+            "deepspeed": {"inside": ["0.16.3", "0.16.4", "0.18.0", "0.19.1", "0.19.2.dev0"], "outside": ["0.19.2", "0.19.8"]},
+        },
+        remove_when="trl_compat no longer supports TRL < 1.5.0 with DeepSpeed < 0.19.2",
+    ),
 ]
 
 
