@@ -225,6 +225,7 @@ APPLIED = {
         "generation-config-model-defaults",
         "generation-eos-ids",
         "none-reward-baseline",
+        "num-generations-eval-check",
         "reward-func-partial-name",
         "tools-empty-list-server",
         "tools-empty-list-template",
