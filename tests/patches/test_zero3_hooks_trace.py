@@ -96,6 +96,8 @@ TRL_014 = OFFLOAD + "optimizer_offload._register_hooks_recursively(optimizer_off
         (TRL_15, Offload, False),  # TRL 1.5.0 (#4693)
         (TRL_14, FixedOffload, False),  # DeepSpeed 0.19.2 (#8043)
         ("model.register_hooks_somehow()", Offload, None),  # the code moved
+        # prose is not code: the fix named in a docstring and a comment only
+        ('"""TRL 1.5 calls _invalidate_trace here."""\n# coordinator._invalidate_trace()\n' + TRL_14, Offload, True),
     ],
 )
 def test_probe_on_written_code(tmp_path, monkeypatch, body, offload, expected):
