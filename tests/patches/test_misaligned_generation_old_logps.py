@@ -137,6 +137,7 @@ def _wrapped(trainer):
     return trainer
 
 
+@pytest.mark.skipif(not HAVE_TORCH, reason="the wrapper computes the old log-probs with torch")
 def test_wrapper_computes_them_only_where_misaligned():
     trainer = _wrapped(_Loop(ga=3, spg=2))
     assert trainer._generate_and_score_completions(inputs=[])["old_per_token_logps"] == "old log-probs"
@@ -154,6 +155,9 @@ def test_probe_on_the_cells_trl():
 
     import trl.trainer.grpo_trainer as module
 
+    if not hasattr(module.GRPOTrainer, "_generate_and_score_completions"):
+        # the entry's must_exist: the engine reports "not needed" without probing (test_statuses holds it)
+        pytest.skip(f"TRL {TRL} has no GRPOTrainer._generate_and_score_completions (TRL < 0.15)")
     verdict = patch.probe(module)
     assert verdict.needed is (Version("0.18.0") <= TRL < Version("0.20.0")), verdict
 

@@ -59,9 +59,9 @@ def test_every_trl_binding_of_unwrap_is_the_wrapper():
     assert UNWRAP in _engine.markers(wrapper)
     assert grpo.unwrap_model_for_generation is wrapper  # what GRPOTrainer calls
     assert trl.models.unwrap_model_for_generation is wrapper
-    # remove_hooks is TRL's own; add_hooks belongs to zero3-hooks-api where that applies.
+    # remove_hooks is TRL's own; add_hooks belongs to zero3-hooks-api and zero3-hooks-trace where they apply.
     assert not hasattr(utils.remove_hooks, "__trl_compat_patch__")
-    assert _engine.markers(utils.add_hooks) <= {HOOKS_API}
+    assert _engine.markers(utils.add_hooks) <= {HOOKS_API, "zero3-hooks-trace"}
 
 
 # -- 2 processes, real ZeRO-3 ------------------------------------------------------------------
