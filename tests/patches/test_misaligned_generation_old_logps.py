@@ -157,7 +157,7 @@ def test_probe_on_the_cells_trl():
 
     if not hasattr(module.GRPOTrainer, "_generate_and_score_completions"):
         # the entry's must_exist: the engine reports "not needed" without probing (test_statuses holds it)
-        pytest.skip(f"TRL {TRL} has no GRPOTrainer._generate_and_score_completions (TRL < 0.15)")
+        pytest.skip(f"TRL {TRL} has no GRPOTrainer._generate_and_score_completions (it came in 0.16)")
     verdict = patch.probe(module)
     assert verdict.needed is (Version("0.18.0") <= TRL < Version("0.20.0")), verdict
 

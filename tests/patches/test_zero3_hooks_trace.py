@@ -10,6 +10,7 @@ with ``IndexError: pop from an empty deque``; with it both steps train every LoR
 
 import importlib.util
 import math
+import os
 import textwrap
 from types import SimpleNamespace
 
@@ -28,6 +29,15 @@ needs_ds = pytest.mark.skipif(not HAVE_DS, reason="needs trl and deepspeed")
 needs_affected = pytest.mark.skipif(
     not (BUG_HERE and PEFT is not None),
     reason=f"only TRL 0.14.0 - 1.4.x with DeepSpeed < 0.19.2 and peft (here trl {TRL}, deepspeed {DS}, peft {PEFT})",
+)
+# The 2-process runs (about 70 s a cell) where the default run has them: the cell of the real multi-process
+# launches (0.15's trainer) and the by-hand 1.4.0 cell (1.x's, where the bug was found); every other cell in
+# the window checks the probe and the wrapper, and test_statuses that the patch applies.
+TWO_PROCESS_CELLS = ("trl0.15.2-tf4.48.3", "trl1.4.0-tf5.5.4-ds0.19.1")
+CELL = os.environ.get("TRL_COMPAT_CELL", "")
+two_process_cell = pytest.mark.skipif(
+    bool(CELL) and CELL not in TWO_PROCESS_CELLS,
+    reason=f"the 2-process ZeRO-3 runs of zero3-hooks-trace run in {', '.join(TWO_PROCESS_CELLS)}",
 )
 
 
@@ -176,6 +186,7 @@ def model_dir(tmp_path_factory):
 
 
 @needs_affected
+@two_process_cell
 def test_second_step_fails_without_patch(model_dir, tmp_path):
     run = launch_two("zero3_lora_worker.py", model_dir, tmp_path / "out", "--partitioned", marker="Z3|", disable=PATCH_ID)
     assert run.returncode != 0 and not run.of("done"), run.tail()
@@ -187,6 +198,7 @@ def test_second_step_fails_without_patch(model_dir, tmp_path):
 
 
 @needs_affected
+@two_process_cell
 def test_lora_trains_with_patch(model_dir, tmp_path):
     run = launch_two("zero3_lora_worker.py", model_dir, tmp_path / "out", "--partitioned", marker="Z3|")
     assert run.returncode == 0, run.tail()
