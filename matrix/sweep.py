@@ -142,6 +142,8 @@ KNOWN = {
     "misaligned-generation-old-logps": lambda v, vs: V("0.18.0") <= v < V("0.20.0"),
     # PR #3723 (640a9f391, 0.20.0) brought the 12345 fallback, PR #4057 (008c7ad9a, 0.24.0) fixed it
     "colocate-master-port": lambda v, vs: V("0.20.0") <= v < V("0.24.0"),
+    # PR #4682: 2f62f3d03 (0.26.1) and 8bc520d36 (main 0.27.0.dev0); the setting came with 0.26.0
+    "num-generations-eval-check": lambda v, vs: V("0.26.0") <= v and _fixed_in(v, "0.26.1", "0.27.0"),
     # PR #3634 (84982ad79; cherry-picked for 0.19.1)
     "colocate-generation-kwargs": lambda v, vs: v == V("0.19.0"),
     # ledger record 1.14.0..1.14.1 (wheel diff); the tool loop refused server mode before PR #5235 (c0e3fb0c5, 1.0.0)
@@ -314,6 +316,7 @@ BUG_SPANS = {
     "vllm-is-raw-logprobs": ("12fc85fd1", "e086f073c"),
     "fsdp2-vllm-sync": (None, "3979cccad"),
     "tools-empty-list-server": ("ca21dd94c", "26f989efa"),
+    "num-generations-eval-check": ("db4f6e5aa", "8bc520d36"),
     "vllm-sleep-mode-weights": ("712f6a9c4", None),
 }
 COMMITS_0_2X = [

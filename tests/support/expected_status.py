@@ -259,6 +259,7 @@ APPLIED = {
         "generation-eos-ids",
         "metric-for-best-model",
         "none-reward-baseline",
+        "num-generations-eval-check",
         "reward-func-partial-name",
         "tools-empty-list-server",
         "tools-empty-list-template",

@@ -1194,6 +1194,23 @@ PATCHES = [
         },
         remove_when="trl_compat no longer supports TRL < 1.5.0 with DeepSpeed < 0.19.2",
     ),
+    # -- GRPOConfig validation that refuses a valid config or lets a crashing one through -------------
+    Patch(
+        id="num-generations-eval-check",
+        summary="the global eval batch is checked against num_generations_eval (when set), as TRL 0.26.1 does",
+        symptom="ValueError: The global eval batch size (2 * 1) must be divisible by num_generations (4). "
+        "(num_generations_eval=2); the reverse passes and evaluate() raises shape '[-1, 4]' is invalid",
+        upstream="https://github.com/huggingface/trl/pull/4682 (fixed in 0.26.1)",
+        trigger="trl.trainer.grpo_config",
+        must_exist="GRPOConfig",
+        changes=("GRPOConfig.__post_init__",),
+        # num_generations_eval came with db4f6e5aa (0.26.0.dev0); the fix reached 0.26.1 as a cherry-pick (2f62f3d03)
+        # and main as 0.27.0.dev0 (8bc520d36): the probe tells 0.26.1, 0.26.2 and main's builds apart
+        requires={"trl": affected("0.26.0", "0.27.0")},
+        witnesses={"trl": {"inside": ["0.26.0.dev0", "0.26.0", "0.26.2", "0.27.0.dev0"], "outside": ["0.25.1", "0.27.0"]}},
+        fixed_in={"trl": "0.26.1"},
+        remove_when="trl_compat no longer supports TRL 0.26.0",
+    ),
 ]
 
 
