@@ -137,6 +137,8 @@ KNOWN = {
     "num-generations-eval-check": lambda v, vs: V("0.26.0") <= v and _fixed_in(v, "0.26.1", "0.27.0"),
     # PR #3634 (84982ad79; cherry-picked for 0.19.1)
     "colocate-generation-kwargs": lambda v, vs: v == V("0.19.0"),
+    # PR #3388 (cf5183db7, 0.18.0) brought the check, PR #3658 (9155c8fbb; cherry-picked as 6a6d4345c for 0.19.1) fixed it
+    "generation-batch-size-check": lambda v, vs: V("0.18.0") <= v < V("0.19.1"),
 }
 
 # Main-branch commits (reporting X.dev0) around the windows' bounds, with what research found in their

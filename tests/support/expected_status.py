@@ -109,6 +109,7 @@ APPLIED = {
     "trl0.17.0-tf4.52.4": {"dataloader-workers", "generation-config-model-defaults", "reward-func-partial-name"},
     "trl0.18.2-tf4.52.4": {
         "fsdp2-vllm-sync",
+        "generation-batch-size-check",
         "generation-config-model-defaults",
         "reward-func-partial-name",
         "vllm-double-bos",
@@ -117,6 +118,7 @@ APPLIED = {
     "trl0.19.0-tf4.52.4": {
         "colocate-generation-kwargs",
         "fsdp2-vllm-sync",
+        "generation-batch-size-check",
         "generation-config-model-defaults",
         "logits-to-keep",
         "none-reward-baseline",
@@ -388,6 +390,7 @@ APPLIED = {
     },
     "vllm-cpu-real-trl0.18.2": {
         "fsdp2-vllm-sync",
+        "generation-batch-size-check",
         "generation-config-model-defaults",
         "reward-func-partial-name",
         "vllm-double-bos",
