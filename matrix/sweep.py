@@ -152,6 +152,8 @@ KNOWN = {
     "metric-for-best-model": lambda v, vs: V("0.15.0") <= v < V("1.5.0"),
     # ledger record 1.9.2..1.10.0 (wheel diff; PR #6654); luspo came with PR #4988 (ff55949cc, 0.28.0)
     "luspo-unmasked-loss": lambda v, vs: V("0.28.0") <= v < V("1.10.0"),
+    # PR #3388 (cf5183db7, 0.18.0) brought the check, PR #3658 (9155c8fbb; cherry-picked as 6a6d4345c for 0.19.1) fixed it
+    "generation-batch-size-check": lambda v, vs: V("0.18.0") <= v < V("0.19.1"),
 }
 
 # Main-branch commits (reporting X.dev0) around the windows' bounds, with what research found in their

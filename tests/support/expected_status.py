@@ -127,6 +127,7 @@ APPLIED = {
     },
     "trl0.18.2-tf4.52.4": {
         "fsdp2-vllm-sync",
+        "generation-batch-size-check",
         "generation-config-model-defaults",
         "misaligned-generation-old-logps",
         "metric-for-best-model",
@@ -137,6 +138,7 @@ APPLIED = {
     "trl0.19.0-tf4.52.4": {
         "colocate-generation-kwargs",
         "fsdp2-vllm-sync",
+        "generation-batch-size-check",
         "generation-config-model-defaults",
         "logits-to-keep",
         "misaligned-generation-old-logps",
@@ -452,6 +454,7 @@ APPLIED = {
     },
     "vllm-cpu-real-trl0.18.2": {
         "fsdp2-vllm-sync",
+        "generation-batch-size-check",
         "generation-config-model-defaults",
         "misaligned-generation-old-logps",
         "metric-for-best-model",

@@ -1211,6 +1211,23 @@ PATCHES = [
         fixed_in={"trl": "0.26.1"},
         remove_when="trl_compat no longer supports TRL 0.26.0",
     ),
+    # wraps GRPOConfig.__post_init__ too, above num-generations-eval-check; their windows never meet
+    Patch(
+        id="generation-batch-size-check",
+        summary="several processes: a generation_batch_size the global batch does not divide is refused, as TRL 0.19.1 does",
+        symptom="2+ processes, generation_batch_size=6 on a global batch of 4: RuntimeError: shape '[-1, 3]' is invalid "
+        "for input of size 4 (num_generations=3), or silently some prompts never trained and others twice (num_iterations=2)",
+        upstream="https://github.com/huggingface/trl/pull/3658 (fixed in 0.19.1)",
+        trigger="trl.trainer.grpo_config",
+        must_exist="GRPOConfig",
+        changes=("GRPOConfig.__post_init__",),
+        # cf5183db7 (main, 0.18.0.dev0) brought the check with generation_batch_size (released in 0.18.0); 9155c8fbb
+        # (main) and its cherry-pick 6a6d4345c (0.19.1) fixed it. The probe tells the builds in the window apart.
+        requires={"trl": affected("0.18.0", "0.19.1")},
+        witnesses={"trl": {"inside": ["0.18.0.dev0", "0.18.0", "0.18.2", "0.19.0"], "outside": ["0.17.0", "0.19.1", "0.20.0"]}},
+        fixed_in={"trl": "0.19.1"},
+        remove_when="trl_compat no longer supports TRL < 0.19.1",
+    ),
 ]
 
 
