@@ -22,6 +22,8 @@ import trl_compat
 
 import pytest
 
+from fake_http import JsonResponse
+
 HAVE_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
 
 if HAVE_TORCH:
@@ -51,17 +53,6 @@ def _server_cell():
         pytest.skip("trl.import_utils.is_vllm_available() is False")
 
 
-class FakeResponse:
-    status_code = 200
-
-    def __init__(self, body):
-        self._body = body
-        self.text = str(body)
-
-    def json(self):
-        return self._body
-
-
 class FakeServer:
     """``trl vllm-serve``'s /generate/ (and /chat/) as a client sees it: the text tokenised with special tokens
     (vLLM's way; ``truncate_prompt_tokens`` keeps the last ids), ``n`` completions per prompt whose
@@ -78,7 +69,7 @@ class FakeServer:
         elif url.endswith("/generate/"):
             texts = json["prompts"]
         else:
-            return FakeResponse({})
+            return JsonResponse({})
         n, max_tokens, truncate = json["n"], json["max_tokens"], json.get("truncate_prompt_tokens")
         prompt_ids, completion_ids = [], []
         for text in texts:
@@ -92,10 +83,10 @@ class FakeServer:
         if "logprobs" in json:  # TRL 0.29+: per token, rank-sorted lists and their token ids
             body["logprobs"] = [[[-1.0]] * max_tokens for _ in completion_ids]
             body["logprob_token_ids"] = [[[token] for token in ids] for ids in completion_ids]
-        return FakeResponse(body)
+        return JsonResponse(body)
 
     def get(self, url, **kwargs):
-        return FakeResponse({})
+        return JsonResponse({})
 
 
 @pytest.fixture

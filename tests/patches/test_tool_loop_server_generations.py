@@ -28,6 +28,7 @@ import pytest
 from packaging.version import Version
 
 import tool_calls
+from fake_http import JsonResponse
 from versions import installed
 
 PID = "tool-loop-server-generations"
@@ -166,17 +167,6 @@ def test_wrapper_reads_one_inside_the_loop_and_restores_after():
 # -- a real GRPO step in server mode ---------------------------------------------------------------------
 
 
-class FakeResponse:
-    status_code = 200
-
-    def __init__(self, body):
-        self._body = body
-        self.text = str(body)
-
-    def json(self):
-        return self._body
-
-
 class FakeServer:
     """A vLLM server as TRL 1.x's client sees it (``trl vllm-serve``'s /generate/ up to 1.10, vLLM's own
     /v1/completions from 1.11): token-id prompts in, ``n`` completions of LENGTH ids per prompt out, each
@@ -206,7 +196,7 @@ class FakeServer:
                 "logprobs": [[[-1.0]] * LENGTH for _ in completions],
                 "logprob_token_ids": [[[token] for token in ids] for _, ids in completions],
             }
-            return FakeResponse(body)
+            return JsonResponse(body)
         if url.endswith("/v1/completions"):  # prompt-major choices, tokens as "token_id:<id>"
             completions = self._sample([list(p) for p in json["prompt"]], json["n"])
             choices = [
@@ -221,13 +211,13 @@ class FakeServer:
                 }
                 for prompt, ids in completions
             ]
-            return FakeResponse({"choices": choices})
-        return FakeResponse({})
+            return JsonResponse({"choices": choices})
+        return JsonResponse({})
 
     def get(self, url, **kwargs):
         if url.endswith("/v1/models"):  # TRL 1.11+ asks for the served model's name when the client is built
-            return FakeResponse({"data": [{"id": "tiny"}]})
-        return FakeResponse({})
+            return JsonResponse({"data": [{"id": "tiny"}]})
+        return JsonResponse({})
 
     def mount(self, prefix, adapter):
         pass

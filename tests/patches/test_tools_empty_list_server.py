@@ -23,6 +23,7 @@ pytest.importorskip("torch")  # grpo_run and tiny build torch models: not in the
 
 import grpo_run
 import tiny
+from fake_http import JsonResponse
 from versions import installed
 
 PATCH_ID = "tools-empty-list-server"
@@ -87,17 +88,6 @@ def test_wrapper_binds_tools_by_name():
 # -- the real GRPO run in server mode, with a fake HTTP session behind TRL's real VLLMClient ------
 
 
-class FakeResponse:
-    status_code = 200
-
-    def __init__(self, body):
-        self._body = body
-        self.text = str(body)
-
-    def json(self):
-        return self._body
-
-
 class FakeSession:
     """What ``VLLMClient`` posts to ``trl vllm-serve``: each /chat/ request is recorded and answered
     with prompt ids (the conversations' text tokenised), ``n`` completions per prompt and logprobs."""
@@ -116,7 +106,7 @@ class FakeSession:
             ids = [3 + (7 * i + 5 * j) % (tiny.VOCAB_SIZE - 3) for j in range(max_tokens)]
             completion_ids.append(ids)
             logprobs.append([-1.0] * len(ids))
-        return FakeResponse({"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs})
+        return JsonResponse({"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs})
 
 
 def conversational_dataset(n=8):

@@ -14,7 +14,6 @@
   ``use_vllm=True`` run generates through ``SamplingParams(guided_decoding=None, ...)``.
 """
 
-import os
 import subprocess
 import sys
 
@@ -28,7 +27,7 @@ pytest.importorskip("torch")  # grpo_run and tiny build torch models: not in the
 
 import grpo_run
 from versions import installed
-from workers import SUPPORT
+from workers import SUPPORT, fresh_trainer_import
 
 PATCH_ID = "vllm-guided-decoding-import"
 TRL, VLLM = installed("trl"), installed("vllm")
@@ -77,23 +76,16 @@ def test_the_shims_on_their_own():
     assert received == [(2, params), (3, None), (4, None)]
 
 
-def fresh_import(disable=""):
-    """``from trl import GRPOTrainer`` in a new interpreter with trl_compat imported first."""
-    env = dict(os.environ, TRL_COMPAT_DISABLE=disable)
-    code = "import trl_compat\nfrom trl import GRPOTrainer\nprint('STATUS', trl_compat.status('vllm-guided-decoding-import'))"
-    return subprocess.run([sys.executable, "-c", code], env=env, cwd=SUPPORT, capture_output=True, text=True, timeout=300)
-
-
 @in_cell
 def test_unpatched_import_of_the_trainer_fails():
-    out = fresh_import(disable=PATCH_ID)
+    out = fresh_trainer_import(PATCH_ID, disable=PATCH_ID)
     assert out.returncode != 0, out.stdout
     assert IMPORT_ERROR in out.stderr, out.stderr[-3000:]
 
 
 @in_cell
 def test_patched_import_of_the_trainer_succeeds():
-    out = fresh_import()
+    out = fresh_trainer_import(PATCH_ID)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "STATUS applied" in out.stdout, out.stdout
 

@@ -15,8 +15,6 @@ removed, and post vLLM 0.27's weight-transfer bodies.
   raise ``AttributeError``.
 """
 
-import os
-import subprocess
 import sys
 
 import trl_compat
@@ -25,8 +23,9 @@ from trl_compat.patches import vllm_weight_transfer_028 as patch_module
 import pytest
 from packaging.version import Version
 
+from fake_http import JsonResponse
 from versions import installed
-from workers import SUPPORT
+from workers import fresh_trainer_import
 
 PATCH_ID = "vllm-weight-transfer-0.28"
 TRL, VLLM = installed("trl"), installed("vllm")
@@ -60,23 +59,16 @@ def test_probe_reads_the_client_module():
         assert "static NCCL trainer API" in verdict.reason
 
 
-def fresh_import(disable=""):
-    """``from trl import GRPOTrainer`` in a new interpreter with trl_compat imported first."""
-    env = dict(os.environ, TRL_COMPAT_DISABLE=disable)
-    code = f"import trl_compat\nfrom trl import GRPOTrainer\nprint('STATUS', trl_compat.status({PATCH_ID!r}))"
-    return subprocess.run([sys.executable, "-c", code], env=env, cwd=SUPPORT, capture_output=True, text=True, timeout=300)
-
-
 @in_cell
 def test_unpatched_import_of_the_trainer_fails():
-    out = fresh_import(disable=PATCH_ID)
+    out = fresh_trainer_import(PATCH_ID, disable=PATCH_ID)
     assert out.returncode != 0, out.stdout
     assert IMPORT_ERROR in out.stderr, out.stderr[-3000:]
 
 
 @in_cell
 def test_patched_import_of_the_trainer_succeeds():
-    out = fresh_import()
+    out = fresh_trainer_import(PATCH_ID)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "STATUS applied" in out.stdout, out.stdout
 
@@ -89,7 +81,7 @@ class RecordingSession:
 
     def post(self, url, **kwargs):
         self.posted.append((url.removeprefix(BASE), kwargs.get("json")))
-        return type("Response", (), {"status_code": 200, "text": "", "json": staticmethod(dict)})()
+        return JsonResponse({})
 
 
 def client(monkeypatch):

@@ -11,6 +11,14 @@ import sys
 SUPPORT = os.path.dirname(os.path.abspath(__file__))
 
 
+def fresh_trainer_import(patch_id, disable=""):
+    """``from trl import GRPOTrainer`` in a new interpreter with trl_compat imported first (``disable``:
+    ``TRL_COMPAT_DISABLE``); it prints ``STATUS <patch_id's status>`` when the import succeeded."""
+    env = dict(os.environ, TRL_COMPAT_DISABLE=disable)
+    code = f"import trl_compat\nfrom trl import GRPOTrainer\nprint('STATUS', trl_compat.status({patch_id!r}))"
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=SUPPORT, capture_output=True, text=True, timeout=300)
+
+
 class Run:
     """One finished launch: its return code, its output and the events in it."""
 
