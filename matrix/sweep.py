@@ -150,6 +150,8 @@ KNOWN = {
     "metric-for-best-model": lambda v, vs: V("0.15.0") <= v < V("1.5.0"),
     # ledger record 1.9.2..1.10.0 (wheel diff; PR #6654); luspo came with PR #4988 (ff55949cc, 0.28.0)
     "luspo-unmasked-loss": lambda v, vs: V("0.28.0") <= v < V("1.10.0"),
+    # ledger record 1.9.2..1.10.0#2 (wheel diff); entropy_coef came with PR #6140 (34c7f0d85, 1.8.0)
+    "entropy-coef-normalizer": lambda v, vs: V("1.8.0") <= v < V("1.10.0"),
 }
 
 # Main-branch commits (reporting X.dev0) around the windows' bounds, with what research found in their
