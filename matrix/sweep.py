@@ -154,6 +154,8 @@ KNOWN = {
     "luspo-unmasked-loss": lambda v, vs: V("0.28.0") <= v < V("1.10.0"),
     # PR #3388 (cf5183db7, 0.18.0) brought the check, PR #3658 (9155c8fbb; cherry-picked as 6a6d4345c for 0.19.1) fixed it
     "generation-batch-size-check": lambda v, vs: V("0.18.0") <= v < V("0.19.1"),
+    # ledger record 1.9.2..1.10.0#2 (wheel diff); entropy_coef came with PR #6140 (34c7f0d85, 1.8.0)
+    "entropy-coef-normalizer": lambda v, vs: V("1.8.0") <= v < V("1.10.0"),
 }
 
 # Main-branch commits (reporting X.dev0) around the windows' bounds, with what research found in their

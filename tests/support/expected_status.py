@@ -384,6 +384,7 @@ APPLIED = {
         "tool-loop-server-generations",
         "luspo-unmasked-loss",
         "vllm-sleep-mode-weights",
+        "entropy-coef-normalizer",
     },
     "trl1.10.0-tf5.14.1": {
         "generation-eos-ids",

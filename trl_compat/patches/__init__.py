@@ -1228,6 +1228,31 @@ PATCHES = [
         fixed_in={"trl": "0.19.1"},
         remove_when="trl_compat no longer supports TRL < 0.19.1",
     ),
+    # -- the entropy bonus of TRL 1.8 - 1.9 -----------------------------------------------------------------
+    # entropy-coef-normalizer wraps _compute_loss above dapo-generation-batch-normalizer (TRL 1.8.0 - 1.9.0): it reads
+    # the normaliser TRL computed through that patch's rescaled_inputs; above luspo-unmasked-loss it acts on
+    # dapo/cispo/vespo only, that one on luspo.
+    Patch(
+        id="entropy-coef-normalizer",
+        summary="entropy_coef with loss_type dapo/cispo/vespo: the bonus is the mean entropy over the masked tokens, as TRL 1.10.0",
+        symptom="silent: entropy_coef with loss_type dapo/cispo/vespo: the bonus is divided by the policy loss's token count "
+        "(the masked-out tokens of top_entropy_quantile < 1 included): another strength than the same coefficient elsewhere",
+        upstream="https://github.com/huggingface/trl/pull/6140 brought it (1.8.0); fixed in 1.10.0",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer._compute_loss",
+        changes=("GRPOTrainer._compute_loss",),
+        # entropy_coef came with PR #6140 (34c7f0d85, 1.8.0.dev0); the wheels of 1.8.0 - 1.9.2 hold the buggy line,
+        # 1.10.0 the fix, read by the probe (main before PR #6140 has no entropy bonus: "not needed")
+        requires={"trl": affected("1.8.0", "1.10.0")},
+        witnesses={
+            "trl": {
+                "inside": ["1.8.0", "1.9.0", "1.9.1", "1.9.2", "1.10.0.dev0"],
+                "outside": ["1.7.0", "1.10.0", "1.16.0"],
+            }
+        },
+        fixed_in={"trl": "1.10.0"},
+        remove_when="TRL < 1.10.0 is no longer supported",
+    ),
 ]
 
 

@@ -8,7 +8,7 @@ micro-batches), while one optimizer step accumulates ``gradient_accumulation_ste
 Where the two differ (``steps_per_generation`` or ``generation_batch_size`` set), every optimizer
 step's loss and gradient are multiplied by ``GA / steps_per_generation`` (e.g. halved with
 ``steps_per_generation=4``, ``GA=2``): silently a different learning rate. ``"cispo"`` (0.26.0)
-and ``"vespo"`` (1.0.0) share the branch; 1.9.0's entropy term (``entropy_coef``) divides by the
+and ``"vespo"`` (1.0.0) share the branch; 1.8.0's entropy term (``entropy_coef``) divides by the
 same normaliser.
 
 Upstream: the branch reads ``elif self.loss_type == "dapo":`` (0.22 - 0.25), ``in ["cispo",
@@ -71,6 +71,22 @@ def probe(module):
     )
 
 
+def rescaled_inputs(trainer, inputs):
+    """What this patch's wrapper hands to TRL's ``_compute_loss`` for ``inputs`` (``inputs`` itself where it
+    changes nothing). entropy-coef-normalizer, stacked above, reads TRL's normaliser through it."""
+    model = getattr(trainer, "model", None)
+    if model is None or not model.training or getattr(trainer, "loss_type", None) not in TOKEN_COUNT_LOSSES:
+        return inputs
+    if not isinstance(inputs, dict) or "num_items_in_batch" not in inputs:
+        return inputs
+    # TRL's own choice: the steps of the current window (the last window of an epoch may be shorter)
+    accumulation = getattr(trainer, "current_gradient_accumulation_steps", None) or trainer.args.gradient_accumulation_steps
+    per_generation = trainer.args.steps_per_generation
+    rescaled = dict(inputs)
+    rescaled["num_items_in_batch"] = inputs["num_items_in_batch"] * accumulation / per_generation
+    return rescaled
+
+
 def _wrap_compute_loss(original):
     signature = inspect.signature(original)
 
@@ -84,13 +100,9 @@ def _wrap_compute_loss(original):
         except TypeError:  # not a call this wrapper understands: TRL's code answers it
             return original(self, *args, **kwargs)
         inputs = bound.arguments.get("inputs")
-        if not isinstance(inputs, dict) or "num_items_in_batch" not in inputs:
+        rescaled = rescaled_inputs(self, inputs)
+        if rescaled is inputs:
             return original(self, *args, **kwargs)
-        # TRL's own choice: the steps of the current window (the last window of an epoch may be shorter)
-        accumulation = getattr(self, "current_gradient_accumulation_steps", None) or self.args.gradient_accumulation_steps
-        per_generation = self.args.steps_per_generation
-        rescaled = dict(inputs)
-        rescaled["num_items_in_batch"] = inputs["num_items_in_batch"] * accumulation / per_generation
         bound.arguments["inputs"] = rescaled
         return original(*bound.args, **bound.kwargs)
 
