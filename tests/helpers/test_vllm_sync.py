@@ -488,7 +488,9 @@ def test_standin_rejects_what_trl_0_14_sends(tmp_path):
     model = lora(tiny.make_model("qwen2"))
     llm = _standin(tmp_path, tiny.make_model("qwen2"))
     # from vLLM 0.15 the message goes on with the parameters the model has (tests/test_fixtures.py)
-    with pytest.raises(ValueError, match=r"^There is no module or parameter named 'base_model' in Qwen2ForCausalLM($|\. The available)"):
+    with pytest.raises(
+        ValueError, match=r"^There is no module or parameter named 'base_model' in Qwen2ForCausalLM($|\. The available)"
+    ):
         llm.model.load_weights(model.state_dict().items())
 
 
