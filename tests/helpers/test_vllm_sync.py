@@ -487,7 +487,10 @@ def test_standin_rejects_what_trl_0_14_sends(tmp_path):
     """The stand-in's rule that TRL 0.14.0 trips over, shown without TRL."""
     model = lora(tiny.make_model("qwen2"))
     llm = _standin(tmp_path, tiny.make_model("qwen2"))
-    with pytest.raises(ValueError, match=r"^There is no module or parameter named 'base_model' in Qwen2ForCausalLM$"):
+    # from vLLM 0.15 the message goes on with the parameters the model has (tests/test_fixtures.py)
+    with pytest.raises(
+        ValueError, match=r"^There is no module or parameter named 'base_model' in Qwen2ForCausalLM($|\. The available)"
+    ):
         llm.model.load_weights(model.state_dict().items())
 
 

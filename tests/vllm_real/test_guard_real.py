@@ -21,6 +21,7 @@ from trl_compat import guard as offpolicy
 import pytest
 
 import grpo_run
+import real_vllm
 import tiny
 
 MINOR = grpo_run.trl_version()[:2]
@@ -30,7 +31,7 @@ BLOCK = 16
 
 @pytest.fixture(autouse=True)
 def small_kv_blocks(monkeypatch):
-    import trl.trainer.grpo_trainer as grpo_module
+    grpo_module = real_vllm.trl_llm_module()  # trl.trainer.grpo_trainer before TRL 0.28
 
     engine = grpo_module.LLM
 

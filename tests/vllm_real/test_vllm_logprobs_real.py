@@ -67,7 +67,7 @@ def float32_engine(outputs):
     ``generate``'s ``RequestOutput`` objects are appended to ``outputs``. Set and restored here, inside
     an ``unpatched`` block where there is one, so that the patch's own revert and re-apply see the module
     as they left it."""
-    module = importlib.import_module("trl.trainer.grpo_trainer")
+    module = real_vllm.trl_llm_module()
     engine = module.LLM
 
     def llm(*args, **kwargs):
@@ -134,9 +134,12 @@ def _engine_vs_hf(outputs, model):
 
 
 def _log_ratio(batch):
-    """log of the per-token ratio TRL weights the loss with, exp(old - sampling) capped at 2.0."""
-    mask = batch["completion_mask"].bool()
-    return batch["importance_sampling_ratio"][mask].log()
+    """log of the per-token ratio TRL weights the loss with, exp(old - sampling) capped at 2.0; where TRL
+    keeps one ratio per sequence (shape [B, 1]: TRL 1.0's default sequence-level correction), that one."""
+    ratio = batch["importance_sampling_ratio"]
+    if ratio.shape[-1] == 1:
+        return ratio[:, 0].log()
+    return ratio[batch["completion_mask"].bool()].log()
 
 
 @pytest.mark.skipif(not IN_WINDOW, reason="the raw log-probs bug is TRL 0.23.x's")

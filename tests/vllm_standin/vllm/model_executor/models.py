@@ -9,10 +9,12 @@ pipeline-parallel size 1, without quantization:
   ``embed_tokens`` / ``lm_head`` are padded to a multiple of 64 rows (``VocabParallelEmbedding``);
 * ``<Root>.load_weights`` goes through ``AutoWeightsLoader`` (prefix routing by first dotted
   component, ``lm_head.`` skipped when embeddings are tied, ``ValueError("There is no module or
-  parameter named '<prefix>' in <Root>")``, nested-into-parameter ``ValueError``);
+  parameter named '<prefix>' in <Root>")`` (from vLLM 0.15.0 followed by ``". The available parameters
+  belonging to <prefix> (<Module>) are: {<names>}"``), nested-into-parameter ``ValueError``);
 * ``Qwen2Model.load_weights`` / ``LlamaModel.load_weights``: ``rotary_emb.inv_freq`` skipped, the
   plain-substring q/k/v -> ``qkv_proj`` and gate/up -> ``gate_up_proj`` rewrite, unknown names
-  raise a bare ``KeyError(<rewritten name>)``, extra ``.bias`` names skipped silently;
+  raise a bare ``KeyError(<rewritten name>)`` (from vLLM 0.13.0 Qwen2 skips an unknown name that is
+  not a q/k/v/gate/up one: not accepted, no error), extra ``.bias`` names skipped silently;
 * the shard weight loaders' ``narrow`` + bare ``assert param_data.shape == loaded_weight.shape``
   (so a too-small tensor gives ``RuntimeError: start (0) + length (N) exceeds dimension size (M).``
   and a too-large one is silently truncated along the sharded dim, exactly like vLLM at tp=1),
@@ -32,6 +34,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from ..engine.arg_utils import installed_version
 
 DEFAULT_VOCAB_PADDING_SIZE = 64
 
@@ -309,7 +313,13 @@ class AutoWeightsLoader:
                     continue
                 if self._can_ignore_unexpected(prefix + ".") or self._can_ignore_unexpected(prefix):
                     continue
-                raise ValueError(f"There is no module or parameter named '{prefix}' in {type(self.module).__name__}")
+                message = f"There is no module or parameter named '{prefix}' in {type(self.module).__name__}"
+                if installed_version() >= (0, 15):
+                    # vLLM 0.15.0 appends the parameters the module does have (0.14.1's utils.py lacks
+                    # it, 0.15.0's has it); a set, printed in its own order
+                    available = {self._get_qualname(base_prefix, name) for name, _ in module.named_parameters(recurse=True)}
+                    message += f". The available parameters belonging to {base_prefix} ({type(module).__name__}) are: {available}"
+                raise ValueError(message)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return set(self._load_module("", self.module, weights))
@@ -408,6 +418,10 @@ class Qwen2Model(_DecoderModel):
                 # Remapping the name of FP8 kv-scale.
                 name = maybe_remap_kv_scale_name(name, params_dict)
                 if name is None:
+                    continue
+                # vLLM 0.13.0's Qwen2Model skips a name it lacks here (not accepted, no KeyError; 0.12.0's
+                # qwen2.py raises); a q/k/v/gate/up name above still raises, and Llama does throughout
+                if name not in params_dict and installed_version() >= (0, 13):
                     continue
                 param = params_dict[name]
                 weight_loader = getattr(param, "weight_loader", default_weight_loader)
