@@ -187,6 +187,7 @@ def test_the_attributes_trl_1x_reaches(engines):
         assert llm.llm_engine.model_config.max_model_len == 128
 
 
+@pytest.mark.skipif(not V1, reason="the V0 CPU worker of vLLM 0.8.5 has no reload_weights (NotImplementedError)")
 def test_reload_weights_brings_the_checkpoint_back(engines):
     """``collective_rpc("reload_weights")`` (TRL after a level-2 sleep) reloads the checkpoint the engine
     was built from: greedy tokens after other weights, then a reload, are the first ones on both."""
