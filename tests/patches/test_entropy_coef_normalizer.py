@@ -68,14 +68,7 @@ def step(tmp_path_factory):
     assert "entropy_coef" not in trainer.tiny_dropped_config_keys and trainer._entropy_bonus_enabled
     assert trainer.beta == 0.0 and not trainer.use_adaptive_entropy and trainer.top_entropy_quantile == 1.0
     fixed_completions.install(trainer)
-    seen = []
-    method = trainer.compute_loss
-
-    def spy(model, inputs, *args, **kwargs):
-        seen.append(dict(inputs))
-        return method(model, inputs, *args, **kwargs)
-
-    trainer.compute_loss = spy
+    seen = grpo_run.spy_loss_inputs(trainer)
     trainer.train()
     assert len(seen) == GA
     assert float(seen[0]["num_items_in_batch"]) == GENERATION_TOKENS

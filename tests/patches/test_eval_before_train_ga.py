@@ -68,18 +68,6 @@ def _eval_on_start(tmp_path):
     return _trainer(tmp_path, eval_on_start=True, eval_strategy="steps", eval_steps=100)
 
 
-def _capture_loss_inputs(trainer):
-    seen = []
-    method = trainer.compute_loss
-
-    def spy(model, inputs, *args, **kwargs):
-        seen.append(dict(inputs))
-        return method(model, inputs, *args, **kwargs)
-
-    trainer.compute_loss = spy
-    return seen
-
-
 def _loss_with_unit_advantages(trainer, inputs):
     inputs = dict(inputs, advantages=torch.ones_like(inputs["advantages"]))
     trainer.model.eval()
@@ -105,8 +93,10 @@ def test_bug_without_the_patch_eval_on_start_raises(tmp_path, unpatched):
 
 @needs_trl
 def test_evaluate_before_train_gives_the_loss_with_normaliser_1(tmp_path, unpatched):
+    import grpo_run
+
     trainer = _trainer(tmp_path)
-    seen = _capture_loss_inputs(trainer)
+    seen = grpo_run.spy_loss_inputs(trainer)
     metrics = trainer.evaluate()
     del trainer.compute_loss  # the spy: the class's method (patched or not) from here on
     assert math.isfinite(metrics["eval_loss"]) and seen

@@ -53,14 +53,7 @@ def step(tmp_path_factory):
     trainer = grpo_run.make_trainer(tmp_path_factory.mktemp("luspo"), steps=1, loss_type="luspo")
     assert trainer.importance_sampling_level == "token" and trainer.beta == 0.0
     fixed_completions.install(trainer)
-    seen = []
-    method = trainer.compute_loss
-
-    def spy(model, inputs, *args, **kwargs):
-        seen.append(dict(inputs))
-        return method(model, inputs, *args, **kwargs)
-
-    trainer.compute_loss = spy
+    seen = grpo_run.spy_loss_inputs(trainer)
     trainer.train()
     assert len(seen) == 1
     return trainer, seen[0]

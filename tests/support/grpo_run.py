@@ -373,6 +373,19 @@ def finite_losses(log_history: list[dict]) -> bool:
     return bool(losses) and all(math.isfinite(x) for x in losses)
 
 
+def spy_loss_inputs(trainer) -> list[dict]:
+    """Record a copy of the inputs of each ``compute_loss`` call (the tests that call TRL's loss again on them)."""
+    seen: list[dict] = []
+    method = trainer.compute_loss
+
+    def spy(model, inputs, *args, **kwargs):
+        seen.append(dict(inputs))
+        return method(model, inputs, *args, **kwargs)
+
+    trainer.compute_loss = spy
+    return seen
+
+
 def spy_training_prompt_ids(trainer):
     """Record the (unpadded) prompt ids TRL >= 0.15 computes the loss on; None on 0.14 (inline)."""
     name = "_generate_and_score_completions" if hasattr(trainer, "_generate_and_score_completions") else "_prepare_inputs"
