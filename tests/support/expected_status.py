@@ -386,6 +386,14 @@ APPLIED = {
         "vllm-sleep-mode-weights",
         "entropy-coef-normalizer",
     },
+    # a user's install of 1.9.2 resolved today: no requests, no vLLM, no DeepSpeed
+    "trl1.9.2-tf5.24.0-user": {
+        "generation-eos-ids",
+        "tool-loop-server-generations",
+        "luspo-unmasked-loss",
+        "entropy-coef-normalizer",
+        "vllm-client-requests-import",
+    },
     "trl1.10.0-tf5.14.1": {
         "generation-eos-ids",
         "tool-loop-server-generations",

@@ -142,6 +142,15 @@ def _spec_without_import(name: str) -> Any:
     return spec
 
 
+def module_syntax(name: str) -> ast.Module:
+    """The parsed source of module ``name``, read as :func:`module_code` reads it (without importing
+    it): for a probe that must know which statements run at the module's top level."""
+    try:
+        return ast.parse(_module_source(name))
+    except SyntaxError as exc:
+        raise SourceUnavailable(f"cannot parse the source of {name} ({exc})") from None
+
+
 def syntax(obj: Any) -> ast.Module:
     """The parsed source of ``obj`` (unwrapped as by :func:`code`), for a probe that needs
     the structure of the code rather than its text (comments are not in the tree)."""

@@ -1025,6 +1025,27 @@ PATCHES = [
     ),
     # -- crashes of TRL 1.x pins, and the crash gaps left in 0.x --------------------------------------
     Patch(
+        id="vllm-client-requests-import",
+        summary="TRL 0.28 - 1.14.1 without `requests`: the vLLM client module's top-level requests/urllib3 imports made "
+        "optional, so the trainer imports; server mode still says requests is missing",
+        symptom="`from trl import GRPOTrainer`: ModuleNotFoundError: No module named 'requests' (a `pip install trl peft` "
+        "with transformers 5 and datasets >= 5.1, which no longer pull requests in)",
+        upstream="TRL PR #4845 (0.28.0) brought the top-level import; TRL 1.14.2 imports requests lazily (fixed in 1.14.2)",
+        fixed_in={"trl": "1.14.2"},
+        # The package, as vllm-guided-decoding-import: the fix must be in place before the client module
+        # runs (see the patch's docstring).
+        trigger="trl",
+        must_exist="__file__",
+        changes=("trl.generation.vllm_client:HTTPAdapter", "trl.generation.vllm_client:Retry"),
+        # 1.14.2 is a patch release; main's 1.15.0.dev0 builds are outside (no build of them is known to
+        # carry the import); the probe tells the 1.14.2.dev0 builds apart.
+        requires={"trl": affected("0.28.0", "1.14.2")},
+        witnesses={
+            "trl": {"inside": ["0.28.0", "0.29.1", "1.9.2", "1.14.1", "1.14.2.dev0"], "outside": ["0.27.2", "1.14.2", "1.16.0"]}
+        },
+        remove_when="trl_compat no longer supports TRL 0.28.0 - 1.14.1",
+    ),
+    Patch(
         id="reward-func-partial-name",
         summary="a functools.partial or callable instance as reward function gets the name TRL 1.9 gives it",
         symptom="AttributeError: 'functools.partial' object has no attribute '__name__' (GRPOTrainer(...); TRL < 0.17: first step)",
