@@ -14,6 +14,7 @@ usage: python tools/update_ledger.py git GIT_DIR [--rev main]      commits of a 
 """
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -180,6 +181,54 @@ def write(records, path=LEDGER_PATH):
         out.writelines("\t".join(r[c] for c in COLUMNS) + "\n" for r in records)
 
 
+# The users'-installs rule: a module `from trl import GRPOTrainer` needs that TRL's requirements (no
+# extras) do not bring is a record; the patch that answers it, where one does (else "open": triage it).
+USERS_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "matrix", "user_installs", "results.json")
+MISSING = re.compile(r"No module named '([A-Za-z0-9_]+)")
+ANSWERED_BY = {"requests": "vllm-client-requests-import", "urllib3": "vllm-client-requests-import"}
+
+
+def needed_modules(row):
+    """The modules a users'-install row shows TRL's trainer import needs without its requirements
+    bringing them: missing from the stack (the plain import's error, where trl_compat's import
+    worked), or present by chance and needed once hidden (the row's ``needs``)."""
+    found = set()
+    plain, compat = row.get("plain") or {}, row.get("trl_compat") or {}
+    match = MISSING.search(plain.get("import", ""))
+    if match and compat.get("import") == "ok":
+        found.add(match.group(1))
+    found |= {module for module, outcome in row.get("needs", {}).items() if outcome != "optional"}
+    return found
+
+
+def users_records(path=USERS_RESULTS):
+    """One record per needed module: the releases whose rows show it, and the patch that answers it."""
+    with open(path, encoding="utf-8") as handle:
+        rows = json.load(handle)
+    releases = {}
+    for row in rows:
+        for module in needed_modules(row):
+            releases.setdefault(module, set()).add(row["trl"])
+    records = []
+    for module, seen in sorted(releases.items()):
+        first, last = min(seen, key=_key), max(seen, key=_key)
+        patch = ANSWERED_BY.get(module)
+        records.append(
+            {
+                "change": f"{first}..{last}:imports:{module}",
+                "pr": "",
+                "first_release": last,
+                "verdict": f"patched:{patch}" if patch else "open",
+                "since": first,
+                "when": "",
+                "reason": f"`from trl import GRPOTrainer` needs {module}, which TRL's requirements (no extras) do not bring "
+                f"(matrix/USER_INSTALLS.md: {len(seen)} release(s) from {first} to {last})",
+                "title": f"users' installs: {module} imported unconditionally",
+            }
+        )
+    return records
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="print the new records, append nothing")
@@ -192,13 +241,18 @@ def main(argv=None):
     from_wheels = sources.add_parser("wheels", help="the GRPO files that differ between two TRL wheels")
     from_wheels.add_argument("old")
     from_wheels.add_argument("new")
+    from_users = sources.add_parser("users", help="the modules matrix/USER_INSTALLS.md shows the trainer's import needs")
+    from_users.add_argument("--results", default=USERS_RESULTS)
     args = parser.parse_args(argv)
     if args.header:
         write(read_records(args.ledger), args.ledger)
         return 0
     if args.source is None:
-        parser.error("name a source (git or wheels), or --header")
-    records = commit_records(args.git_dir, args.rev) if args.source == "git" else wheel_records(args.old, args.new)
+        parser.error("name a source (git, wheels or users), or --header")
+    if args.source == "users":
+        records = users_records(args.results)
+    else:
+        records = commit_records(args.git_dir, args.rev) if args.source == "git" else wheel_records(args.old, args.new)
     new = append(records, args.ledger, args.dry_run)
     print(f"{len(new)} new record(s) of {len(records)} listed", file=sys.stderr)
     return 0

@@ -1,0 +1,91 @@
+"""matrix/USER_INSTALLS.md from the rows' results."""
+
+from __future__ import annotations
+
+from packaging.version import Version
+
+HEADER = """# Users' installs
+
+What `pip install trl==X peft` gives a user, for every TRL release from 0.14.0 to 1.16.0, resolved at
+two dates: the end of the release's month (what its users installed then) and {today} (what a user
+installing that pin gets now). Resolved with `uv pip install --exclude-newer DATE`, torch the CPU wheel
+2.13.0 (not of that date: the only torch here), nothing else; trl_compat added without its
+dependencies. In each: `from trl import GRPOTrainer`, then 2 GRPO steps on the tiny model, full and
+with LoRA, plain and with `import trl_compat` first. Written by `python matrix/user_installs`
+({seconds:.0f} s for the rows of the last run; matrix/README.md, "Users' installs").
+
+A row that fails plain names the patch that fixes it (**applied**); a row that fails with trl_compat
+is a bug of trl_compat's. **Undeclared**: each module the trainer's import loaded (with trl_compat)
+from a distribution that TRL's requirements (no extras) do not bring, imported again in a fresh
+process with that module hidden: "optional" where TRL guards it, "needed" where the import then
+fails: the class of `vllm-client-requests-import` (its modules show in the plain column's error
+instead, where they are missing). The ledger's rule reads the "needed" ones
+(`tools/update_ledger.py users`).
+
+{summary}
+
+"""
+COLUMNS = (
+    "TRL",
+    "date",
+    "transformers",
+    "peft",
+    "datasets",
+    "requests",
+    "plain: import / full / LoRA",
+    "trl_compat: import / full / LoRA",
+    "applied",
+    "undeclared",
+)
+
+
+def _cell(mode: dict | None) -> str:
+    if not mode:
+        return "not run"
+    if mode.get("import") != "ok":
+        return f"import: `{mode.get('import')}`"
+    parts = [mode.get(k, "?") for k in ("full", "lora")]
+    return "ok / " + " / ".join("trains" if p == "trains" else f"`{p}`" for p in parts)
+
+
+def _needs(row: dict) -> str:
+    """The undeclared modules, each with what hiding it did: "optional" (TRL guards it) or the error."""
+    return "; ".join(f"{m}: {'optional' if v == 'optional' else f'needed (`{v}`)'}" for m, v in sorted(row.get("needs", {}).items()))
+
+
+def trains(mode: dict | None) -> bool:
+    return bool(mode) and mode.get("import") == "ok" and mode.get("full") == "trains" and mode.get("lora") == "trains"
+
+
+def summary(results: list[dict]) -> str:
+    done = [r for r in results if "plain" in r or "error" in r]
+    compat_ok = sum(trains(r.get("trl_compat")) for r in done)
+    plain_ok = sum(trains(r.get("plain")) for r in done)
+    unresolved = [f"{r['trl']} ({r['date']})" for r in done if "error" in r]
+    lines = [
+        f"Rows run: {len(done)} of {len(results)}; train with trl_compat: {compat_ok}; train plain: {plain_ok}.",
+    ]
+    if unresolved:
+        lines.append(f"Not resolvable at their date: {', '.join(unresolved)}.")
+    failing = [f"{r['trl']} ({r['date']})" for r in done if "error" not in r and not trains(r.get("trl_compat"))]
+    lines.append(f"Fail with trl_compat: {', '.join(failing) if failing else 'none'}.")
+    return "\n".join(lines)
+
+
+def write(path, results: list[dict], today: str, seconds: float) -> None:
+    results = sorted(results, key=lambda r: (Version(r["trl"]), r["date"]))
+    text = HEADER.format(today=today, seconds=seconds, summary=summary(results))
+    text += "| " + " | ".join(COLUMNS) + " |\n" + "|---" * len(COLUMNS) + "|\n"
+    for r in results:
+        v = r.get("versions", {})
+        if "error" in r:
+            middle = f"{r['error']} | | "
+        else:
+            middle = f"{_cell(r.get('plain'))} | {_cell(r.get('trl_compat'))} | "
+        compat = r.get("trl_compat") or {}
+        text += (
+            f"| {r['trl']} | {r['date']} ({r['date_kind']}) | {v.get('transformers', '')} | {v.get('peft', '')} | "
+            f"{v.get('datasets', '')} | {v.get('requests', 'absent') if v else ''} | {middle}"
+            f"{', '.join(compat.get('applied', []))} | {_needs(r)} |\n"
+        )
+    path.write_text(text)
