@@ -58,6 +58,7 @@ STACK_FREE = (
     "tests/engine/test_patch_modules.py",
     "tests/engine/test_patcher.py",
     "tests/engine/test_probe_text.py",
+    "tests/engine/test_tensor_devices.py",
     "tests/engine/test_versions.py",
     "tests/engine/test_windows.py",
     "tests/guard/test_guard_units.py",
