@@ -70,6 +70,14 @@ def record_problems(record):
         problems.append("names no id")
     if kind in ("not-reachable", "opt-in") and not ledger.verdict_value(record["verdict"]):
         problems.append("says not why / which option")
+    if kind == "upstream-open":
+        # no release has the fix: no first_release, the release that brought the bug, the issue it is read from
+        if record["first_release"] or not record["since"] or not record["reason"]:
+            problems.append("upstream-open: needs since and a reason, no first_release")
+        Version(record["since"] or "0")
+        if record["change"] != f"open:{record['pr']}" or not record["pr"].isdigit():
+            problems.append("upstream-open: change must be open:<its issue or PR number>")
+        return problems + [f"condition {c!r}" for c in filter(None, record["when"].split(",")) if c not in ledger.CONDITIONS]
     if kind in ANSWERS_A_VERDICT:
         if not record["reason"]:
             problems.append("no reason")
@@ -94,6 +102,24 @@ def test_record_checks_can_fail():
     assert record_problems(dict(good, reason="")) == ["no reason"]
     assert record_problems(dict(good, when="moon")) == ["condition 'moon'"]
     assert record_problems(dict(good, verdict="opt-in")) == ["says not why / which option"]
+
+
+def test_upstream_open_records_match_open_registry_windows():
+    """An ``upstream-open:<id>`` record names an entry no release has fixed (``fixed_in={}``, TRL's window open
+    at the top), and every such entry whose window is open is named by one: the ledger and README's
+    "not fixed upstream" say the same."""
+    from trl_compat.patches import PATCHES
+
+    named = {i for r in RECORDS if ledger.verdict_kind(r["verdict"]) == "upstream-open" for i in ledger.verdict_ids(r["verdict"])}
+    open_entries = {p.id for p in PATCHES if p.fixed_in == {} and "<" not in p.requires.get("trl", "<")}
+    assert named == open_entries
+
+
+def test_upstream_open_checks_can_fail():
+    good = next(r for r in RECORDS if ledger.verdict_kind(r["verdict"]) == "upstream-open")
+    assert record_problems(good) == []
+    assert record_problems(dict(good, first_release="1.16.0")) == ["upstream-open: needs since and a reason, no first_release"]
+    assert record_problems(dict(good, change="e086f073c")) == ["upstream-open: change must be open:<its issue or PR number>"]
 
 
 def test_records_are_unique():

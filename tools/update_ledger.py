@@ -185,7 +185,7 @@ def write(records, path=LEDGER_PATH):
 # extras) do not bring is a record; the patch that answers it, where one does (else "open": triage it).
 USERS_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "matrix", "user_installs", "results.json")
 MISSING = re.compile(r"No module named '([A-Za-z0-9_]+)")
-ANSWERED_BY = {"requests": "vllm-client-requests-import", "urllib3": "vllm-client-requests-import"}
+ANSWERED_BY = {"requests": "requests-optional", "urllib3": "requests-optional"}
 
 
 def needed_modules(row):

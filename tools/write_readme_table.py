@@ -103,16 +103,21 @@ def _link(match):
     return f"[{label} {'PR' if kind == 'pull' else 'issue'} #{number}]({match.group(0)})"
 
 
-def render_upstream(upstream, fixed_in=None):
+def render_upstream(upstream, fixed_in=None, requires=None):
     """Short: the releases that fixed it (``fixed_in``) and a link to the first issue or PR of
-    ``upstream``, e.g. ``TRL 0.17.0 ([TRL issue #3287](...))``; ``not fixed (...)`` for ``{}``;
+    ``upstream``, e.g. ``TRL 0.17.0 ([TRL issue #3287](...))``; for ``{}``, ``not fixed upstream (...)``
+    where TRL's window in ``requires`` is open (the bug is in the newest release: no release has
+    fixed it yet), ``not fixed (...)`` where it is closed (later releases dropped the code);
     where ``fixed_in`` is not declared (None), the first clause of ``upstream``."""
     if fixed_in is None:
         return _URL.sub(_link, _first_clause(upstream))
     first_url = _URL.search(upstream)
     link = f" ({_link(first_url)})" if first_url else ""
     releases = "; ".join(f"{DISPLAY_NAMES.get(dist, dist)} {version}" for dist, version in fixed_in.items())
-    return (releases or "not fixed") + link
+    if not releases:
+        open_window = requires is not None and "<" not in requires.get("trl", "<")
+        releases = "not fixed upstream" if open_window else "not fixed"
+    return releases + link
 
 
 def _first_clause(text):
@@ -141,7 +146,7 @@ def table(patches):
         seen = patch.symptom or patch.summary
         lines.append(
             f"| `{patch.id}` | {_cell(seen)} | {_cell(render_requires(patch.requires))} "
-            f"| {_cell(render_upstream(patch.upstream, patch.fixed_in))} |"
+            f"| {_cell(render_upstream(patch.upstream, patch.fixed_in, patch.requires))} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -4,7 +4,7 @@ first. Prints one line ``ROW <json>``.
 
 Besides the outcome, it lists the modules the trainer's import loaded whose distribution TRL's
 requirements (no extras, followed through their own requirements) do not provide: the class of
-bug ``vllm-client-requests-import`` fixes, seen from the import (the ledger's mechanical rule)."""
+bug ``requests-optional`` fixes, seen from the import (the ledger's mechanical rule)."""
 
 from __future__ import annotations
 

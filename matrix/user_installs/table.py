@@ -18,7 +18,7 @@ A row that fails plain names the patch that fixes it (**applied**); a row that f
 is a bug of trl_compat's. **Undeclared**: each module the trainer's import loaded (with trl_compat)
 from a distribution that TRL's requirements (no extras) do not bring, imported again in a fresh
 process with that module hidden: "optional" where TRL guards it, "needed" where the import then
-fails: the class of `vllm-client-requests-import` (its modules show in the plain column's error
+fails: the class of `requests-optional` (its modules show in the plain column's error
 instead, where they are missing). The ledger's rule reads the "needed" ones
 (`tools/update_ledger.py users`).
 

@@ -177,6 +177,7 @@ APPLIED = {
         "none-reward-baseline",
         "reward-func-partial-name",
         "vllm-double-bos",
+        "fsdp2-ignored-params-sync",
     },
     "trl0.22.1-tf4.55.4": {
         "colocate-master-port",
@@ -193,6 +194,7 @@ APPLIED = {
         "reward-func-partial-name",
         "scale-rewards-swapped",
         "vllm-double-bos",
+        "fsdp2-ignored-params-sync",
     },
     # 0.22.2: scale_rewards fixed
     "trl0.22.2-tf4.55.4": {
@@ -209,6 +211,7 @@ APPLIED = {
         "qlora-peftmodel-frozen",
         "reward-func-partial-name",
         "vllm-double-bos",
+        "fsdp2-ignored-params-sync",
     },
     "trl0.23.1-tf4.56.2": {
         "colocate-master-port",
@@ -223,6 +226,7 @@ APPLIED = {
         "vllm-double-bos",
         "vllm-is-raw-logprobs",
         "vllm-serve-raw-logprobs",
+        "fsdp2-ignored-params-sync",
     },
     # TRL 0.24 - 0.25 truncate prompts with the tokenizer, on the side of the one passed
     "trl0.24.0-tf4.57.1": {
@@ -236,8 +240,10 @@ APPLIED = {
         "none-reward-baseline",
         "prompt-right-truncation",
         "reward-func-partial-name",
+        "vllm-is-truncated-support",
         "vllm-serve-raw-logprobs",
         "zero3-hooks-trace",
+        "fsdp2-ignored-params-sync",
     },
     # the same stack with DeepSpeed 0.19.2 and no vLLM: ZeRO-3 + LoRA on bf16 models
     "trl0.24.0-tf4.57.1-ds0.19.2": {
@@ -265,8 +271,10 @@ APPLIED = {
         "reward-func-partial-name",
         "tools-empty-list-server",
         "tools-empty-list-template",
+        "vllm-is-truncated-support",
         "vllm-serve-raw-logprobs",
         "vllm-sleep-mode-weights",
+        "fsdp2-ignored-params-sync",
     },
     # vLLM (stand-in) 0.14.0; the first release with the generation-config fix
     "trl0.26.2-tf4.57.3": {
@@ -278,9 +286,11 @@ APPLIED = {
         "none-reward-baseline",
         "reward-func-partial-name",
         "vllm-guided-decoding-import",
+        "vllm-is-truncated-support",
         "vllm-serve-get-open-port",
         "vllm-serve-raw-logprobs",
         "vllm-sleep-mode-weights",
+        "fsdp2-ignored-params-sync",
     },
     # TRL 0.27.1 on transformers 5.1.0 (peft 0.18.1, no vLLM, no deepspeed): the last release that sets warnings_issued
     # transformers 5: TRL 0.28 takes tools=[...]
@@ -306,6 +316,8 @@ APPLIED = {
         "tools-empty-list-server",
         "tools-empty-list-template",
         "vllm-sleep-mode-weights",
+        "vllm-is-truncated-support",
+        "fsdp2-ignored-params-sync",
     },
     "trl0.28.0-tf5.2.0": {
         "dapo-generation-batch-normalizer",
@@ -320,6 +332,8 @@ APPLIED = {
         "tools-empty-list-server",
         "tools-empty-list-template",
         "vllm-sleep-mode-weights",
+        "vllm-is-truncated-support",
+        "fsdp2-ignored-params-sync",
     },
     "trl0.29.1-tf4.57.6": {
         "dapo-generation-batch-normalizer",
@@ -333,6 +347,8 @@ APPLIED = {
         "tool-iterations-zero",
         "tools-empty-list-template",
         "vllm-sleep-mode-weights",
+        "vllm-is-truncated-support",
+        "fsdp2-ignored-params-sync",
     },
     "trl0.29.1-tf5.2.0": {
         "dapo-generation-batch-normalizer",
@@ -347,6 +363,8 @@ APPLIED = {
         "tool-suffix-eos-newline",
         "tools-empty-list-template",
         "vllm-sleep-mode-weights",
+        "vllm-is-truncated-support",
+        "fsdp2-ignored-params-sync",
     },
     # TRL 1.x: stand-in vLLM 0.17.1 / 0.18.0 / 0.25.1 / 0.26.0 / 0.28.0; DeepSpeed 0.19.2 / 0.19.1 / 0.19.3 / - / -
     "trl1.0.0-tf4.57.6-ds0.19.2": {
@@ -363,6 +381,8 @@ APPLIED = {
         "tool-loop-server-generations",
         "vllm-sleep-mode-weights",
         "zero3-peft-mixed-dtype",
+        "vllm-is-truncated-support",
+        "fsdp2-ignored-params-sync",
     },
     "trl1.4.0-tf5.5.4-ds0.19.1": {
         "dapo-generation-batch-normalizer",
@@ -378,6 +398,8 @@ APPLIED = {
         "tool-loop-server-generations",
         "vllm-sleep-mode-weights",
         "zero3-hooks-trace",
+        "vllm-is-truncated-support",
+        "fsdp2-ignored-params-sync",
     },
     "trl1.9.2-tf5.14.1-ds0.19.3": {
         "generation-eos-ids",
@@ -385,6 +407,8 @@ APPLIED = {
         "luspo-unmasked-loss",
         "vllm-sleep-mode-weights",
         "entropy-coef-normalizer",
+        "vllm-is-truncated-support",
+        "fsdp2-ignored-params-sync",
     },
     # a user's install of 1.9.2 resolved today: no requests, no vLLM, no DeepSpeed
     "trl1.9.2-tf5.24.0-user": {
@@ -392,18 +416,27 @@ APPLIED = {
         "tool-loop-server-generations",
         "luspo-unmasked-loss",
         "entropy-coef-normalizer",
-        "vllm-client-requests-import",
+        "requests-optional",
     },
     "trl1.10.0-tf5.14.1": {
         "generation-eos-ids",
         "tool-loop-server-generations",
+        "vllm-is-truncated-support",
+        "fsdp2-ignored-params-sync",
     },
     "trl1.12.0-tf5.16.1": {
         "generation-eos-ids",
         "vllm-weight-transfer-0.28",
         "tool-loop-server-generations",
+        "vllm-is-truncated-support",
+        "fsdp2-ignored-params-sync",
+        "vllm-packed-lora-sync",
     },
-    "trl-newest": set(),
+    "trl-newest": {
+        "vllm-is-truncated-support",
+        "fsdp2-ignored-params-sync",
+        "vllm-packed-lora-sync",
+    },
     # the real-vLLM cell (matrix/vllm_cpu/): one venv (transformers 4.51.3, peft 0.15.2, no deepspeed),
     # one report per TRL release swapped in
     "vllm-cpu-real-trl0.15.2": {
@@ -496,6 +529,7 @@ APPLIED = {
         "vllm-double-bos",
         "vllm-is-raw-logprobs",
         "vllm-serve-raw-logprobs",
+        "fsdp2-ignored-params-sync",
     },
     "vllm-cpu-real-0.10-trl0.24.0": {
         "dapo-generation-batch-normalizer",
@@ -508,7 +542,9 @@ APPLIED = {
         "none-reward-baseline",
         "prompt-right-truncation",
         "reward-func-partial-name",
+        "vllm-is-truncated-support",
         "vllm-serve-raw-logprobs",
+        "fsdp2-ignored-params-sync",
     },
     # the real vLLM 0.17.1 env (matrix/vllm_cpu/lock-0.17.txt): transformers 4.57.6, peft 0.18.1, no deepspeed; the
     # trl1.0.0-tf4.57.6-ds0.19.2 cell's statuses but its two DeepSpeed patches
@@ -524,6 +560,8 @@ APPLIED = {
         "tool-iterations-zero",
         "tool-loop-server-generations",
         "vllm-sleep-mode-weights",
+        "vllm-is-truncated-support",
+        "fsdp2-ignored-params-sync",
     },
 }
 

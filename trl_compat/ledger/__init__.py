@@ -7,11 +7,15 @@ audit (``trl-compat audit``) and the run-time check read it when they run.
 
 Columns (tab-separated; a line starting with ``#`` is a comment):
 
-``change``         the commit (9 hex digits), or ``OLD..NEW:file[#n]`` for a change read from two wheels
+``change``         the commit (9 hex digits), or ``OLD..NEW:file[#n]`` for a change read from two wheels,
+                   or ``open:<n>`` for a bug no release has fixed (``upstream-open``; ``n`` its issue or PR)
 ``pr``             TRL's pull request (or issue) number, when known
 ``first_release``  the earliest TRL release that has it (through a cherry-pick too)
 ``verdict``        ``patched:<id>`` | ``advice:<id>`` | ``not-a-bug`` | ``not-reachable:<why>`` |
-                   ``opt-in:<option>`` | ``open`` (not triaged yet; the tests allow none)
+                   ``opt-in:<option>`` | ``upstream-open[:<id>]`` | ``open`` (not triaged yet; the tests allow none)
+                   ``upstream-open``: a bug in every release from ``since`` on, open upstream when read (no
+                   ``first_release``); ``<id>`` the registry entry that patches it (``fixed_in={}``, an open
+                   window), none where trl_compat does not (its ``reason`` says why)
 ``since``          for a bug fixed by this change: the first release that has the bug (its window is
                    ``since`` up to ``first_release``); empty otherwise
 ``when``           what a run needs for the bug to bite, comma-separated (see ``CONDITIONS``); empty: always
@@ -25,7 +29,9 @@ import os
 
 LEDGER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "grpo.tsv")
 COLUMNS = ("change", "pr", "first_release", "verdict", "since", "when", "reason", "title")
-VERDICT_KINDS = ("patched", "advice", "not-a-bug", "not-reachable", "opt-in", "open")
+VERDICT_KINDS = ("patched", "advice", "not-a-bug", "not-reachable", "opt-in", "upstream-open", "open")
+# the kinds whose value names registry ids
+NAMES_IDS = ("patched", "advice", "upstream-open")
 # The run-time conditions a record's ``when`` may name (trl_compat.ledger.runtime checks them).
 CONDITIONS = (
     "deepspeed",
@@ -81,8 +87,8 @@ def verdict_value(verdict: str) -> str:
 
 
 def verdict_ids(verdict: str) -> list[str]:
-    """The registry ids a ``patched:``/``advice:`` verdict names (``patched:a,b`` -> ``["a", "b"]``)."""
-    if verdict_kind(verdict) not in ("patched", "advice"):
+    """The registry ids a ``patched:``/``advice:``/``upstream-open:`` verdict names (``patched:a,b`` -> ``["a", "b"]``)."""
+    if verdict_kind(verdict) not in NAMES_IDS:
         return []
     return [part.strip() for part in verdict_value(verdict).split(",") if part.strip()]
 
@@ -91,7 +97,7 @@ def summary(records: list[Record]) -> dict[str, int]:
     """What the ledger's header states: records read from commits and from wheels, and per verdict kind."""
     counts = {
         "records": len(records),
-        "commits": sum(1 for r in records if ".." not in r["change"]),
+        "commits": sum(1 for r in records if ".." not in r["change"] and not r["change"].startswith("open:")),
         "wheel changes": sum(1 for r in records if ".." in r["change"]),
     }
     for kind in VERDICT_KINDS:
@@ -112,6 +118,6 @@ def header_lines(records: list[Record]) -> list[str]:
         "# Wheels: 1.9.0 .. 1.16.0, consecutive pairs, one record per changed behaviour of a GRPO file (1.9.1..1.9.2 and",
         "#   1.11.0..1.12.0 change no GRPO file). Appending: python tools/update_ledger.py git|wheels ...; header: --header.",
         "# Counts: {records} records ({commits} commits, {wheel changes} wheel changes); patched {patched}, advice {advice}, "
-        "not-a-bug {not-a-bug}, not-reachable {not-reachable}, opt-in {opt-in}, open {open}; "
+        "not-a-bug {not-a-bug}, not-reachable {not-reachable}, opt-in {opt-in}, upstream-open {upstream-open}, open {open}; "
         "{registry ids named} registry ids named.".format(**counts),
     ]

@@ -4,11 +4,13 @@ A bug is either a registry entry (the ledger names it ``patched:<id>`` or ``advi
 is the entry's ``requires``, and what trl_compat does is the patch's status), or a ledger record
 trl_compat has no entry for (``not-reachable:``, ``opt-in:``; a ``patched:`` id this version's
 registry lacks): its window is TRL ``since`` up to the record's first release, and trl_compat
-cannot fix it. A patched bug that reaches releases below its patch's window (``since`` earlier: code
-the patch does not reach) is named for those releases too, as not fixable here. A bug "applies"
-when its window holds the installed versions; the ``when`` column says what a run also needs for it
-to bite (ZeRO-3, PEFT, tools, ...), which only the run knows (:mod:`trl_compat.ledger.runtime`
-checks it when a ``GRPOTrainer`` is built).
+cannot fix it. An ``upstream-open`` record (no release has the fix) names its registry entry, or, where
+trl_compat has none, is such a ledger bug with an open window: "not fixed upstream yet". A patched
+bug that reaches releases below its patch's window (``since`` earlier: code the patch does not reach)
+is named for those releases too, as not fixable here. A bug "applies" when its window holds the
+installed versions; the ``when`` column says what a run also needs for it to bite (ZeRO-3, PEFT,
+tools, ...), which only the run knows (:mod:`trl_compat.ledger.runtime` checks it when a
+``GRPOTrainer`` is built).
 
 What trl_compat does, per bug that applies:
 
@@ -67,7 +69,7 @@ def bugs(records: list[ledger.Record] | None = None, registry_ids: dict[str, obj
         known = [i for i in ids if i in entries]
         for i in known:
             named.setdefault(i, []).append(record)
-        if kind in ("not-reachable", "opt-in") or (ids and not known and kind == "patched"):
+        if kind in ("not-reachable", "opt-in") or (not known and (kind == "upstream-open" or ids and kind == "patched")):
             bug = _ledger_bug(record, kind, ids)
             key = record["pr"] or bug["id"]
             if key in by_pr:  # a cherry-pick: the earliest release that has the fix ends the window
@@ -124,7 +126,7 @@ def _registry_bug(patch, records: list[ledger.Record]) -> dict:
 
 
 def _ledger_bug(record: ledger.Record, kind: str, ids: list[str]) -> dict:
-    fixed_in = record["first_release"]
+    fixed_in = record["first_release"]  # "" for upstream-open: no release has the fix
     since = record["since"] or fixed_in
     what = ledger.verdict_value(record["verdict"])
     return {
@@ -133,7 +135,7 @@ def _ledger_bug(record: ledger.Record, kind: str, ids: list[str]) -> dict:
         "kind": kind,
         "summary": record["reason"],
         "upstream": _upstream(record),
-        "requires": {"trl": affected(since, fixed_in)},
+        "requires": {"trl": affected(since, fixed_in or None)},
         "fixed_in": fixed_in,
         "when": [c for c in record["when"].split(",") if c],
         "option": what if kind == "opt-in" else "",

@@ -468,6 +468,39 @@ PATCHES = [
         },
         remove_when="TRL < 0.26 is no longer supported",
     ),
+    # Open upstream: no release has fixed these two, so their windows stay open and the probes watch for the fix.
+    # fsdp2-ignored-params-sync wraps the FSDP2 sync above fsdp2-vllm-sync (0.20 - 0.25): it only changes
+    # what the module it is handed returns, which the other's own sync reads the same way
+    Patch(
+        id="fsdp2-ignored-params-sync",
+        summary="use_vllm + FSDP2 with ignored_params: send the ignored (plain) parameters as they are, gather only DTensors",
+        symptom="AttributeError: 'Tensor' object has no attribute 'full_tensor' (at the first weight sync)",
+        upstream="https://github.com/huggingface/trl/issues/6622 (open; PR #6623 open): not fixed upstream",
+        fixed_in={},
+        changes=(
+            "GRPOTrainer._sync_fsdp2_params_to_vllm",
+            "trl.generation.vllm_generation:VLLMGeneration._sync_fsdp2_params_to_vllm",
+            "trl.generation.vllm_generation:VLLMGeneration._iter_fsdp2_params",
+        ),
+        # brought by PR #3687 (5522cc0a3, 0.20.0), the first FSDP2 sync
+        requires={"trl": affected("0.20.0"), "vllm": ">=0"},
+        witnesses={"trl": {"inside": ["0.20.0.dev0", "0.20.0", "0.26.0", "0.29.1", "1.9.2", "1.16.0"], "outside": ["0.19.1"]}},
+        remove_when=(
+            "a TRL release gathers only the DTensors in its FSDP2 weight sync (issue #6622) and older releases are no longer supported"
+        ),
+    ),
+    Patch(
+        id="vllm-packed-lora-sync",
+        summary="server mode + LoRA: stream copies of the merged weights, so vLLM's packed producer reads them before the unmerge",
+        symptom="silent: the vLLM server generates from the base weights of every LoRA-targeted layer (a model under 1 GiB)",
+        upstream="no upstream issue (TRL PR #6765's packed sync, 1.11.0): not fixed upstream",
+        fixed_in={},
+        changes=("trl.generation.vllm_generation:VLLMGeneration._iter_named_params",),
+        # PR #6765 (1.11.0) streams the walk to vLLM's packed producer; 1.12.0 ships the same GRPO files
+        requires={"trl": affected("1.11.0"), "vllm": ">=0", "peft": ">=0.0.dev0"},
+        witnesses={"trl": {"inside": ["1.11.0.dev0", "1.11.0", "1.12.0", "1.16.0"], "outside": ["1.10.0"]}},
+        remove_when="a TRL release streams copies of the merged LoRA weights to the server and older releases are no longer supported",
+    ),
     # vllm-sleep-mode-weights wraps __init__ only to register the engine after TRL built it
     # (tools-empty-list-template, registered later, stacks above: each acts after TRL's __init__ on
     # attributes the other never reads), and vLLM's LLM methods, which no other patch changes
@@ -534,6 +567,27 @@ PATCHES = [
             "vllm": {"inside": ["0.10.0", "0.10.2"], "outside": ["0.9.1"]},
         },
         remove_when="TRL 0.23.x is no longer supported",
+    ),
+    # Open upstream: no release has fixed it, so the window stays open and the probe watches for the fix.
+    Patch(
+        id="vllm-is-truncated-support",
+        summary="use_vllm with top_k/top_p/min_p: replay vLLM's truncation on the trainer's log-probs for the IS ratio",
+        symptom="silent: every IS ratio scaled by the kept mass (top_k=20: ~0.1); sequence_mask drops long completions",
+        upstream="https://github.com/huggingface/trl/issues/6789 (open; PR #7269 closed unmerged, PR #6880 a warning)",
+        fixed_in={},
+        must_exist="GRPOTrainer._get_per_token_logps_and_entropies",
+        changes=("GRPOTrainer._generate_and_score_completions", "GRPOTrainer._get_per_token_logps_and_entropies"),
+        # introduced by PR #4163 (e086f073c, 0.24.0.dev0): processed_logprobs are those of the truncated distribution
+        # vLLM 0.10.2 is the first whose processed log-probs are taken after the temperature and top-k/top-p
+        requires={"trl": affected("0.24.0"), "vllm": affected("0.10.2")},
+        witnesses={
+            "trl": {"inside": ["0.24.0.dev0", "0.24.0", "0.29.1", "1.0.0", "1.16.0"], "outside": ["0.23.1"]},
+            "vllm": {"inside": ["0.10.2", "0.31.0"], "outside": ["0.10.1.1"]},
+        },
+        remove_when=(
+            "a TRL release replays the sampling truncation for the importance-sampling ratio (issue #6789) and "
+            "older releases are no longer supported"
+        ),
     ),
     Patch(
         id="vllm-serve-raw-logprobs",
@@ -1025,7 +1079,7 @@ PATCHES = [
     ),
     # -- crashes of TRL 1.x pins, and the crash gaps left in 0.x --------------------------------------
     Patch(
-        id="vllm-client-requests-import",
+        id="requests-optional",
         summary="TRL 0.28 - 1.14.1 without `requests`: the vLLM client module's top-level requests/urllib3 imports made "
         "optional, so the trainer imports; server mode still says requests is missing",
         symptom="`from trl import GRPOTrainer`: ModuleNotFoundError: No module named 'requests' (a `pip install trl peft` "

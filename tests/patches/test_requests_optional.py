@@ -1,4 +1,4 @@
-"""vllm-client-requests-import: TRL 0.28.0 - 1.14.1 import ``requests.adapters`` and ``urllib3`` at the
+"""requests-optional: TRL 0.28.0 - 1.14.1 import ``requests.adapters`` and ``urllib3`` at the
 top of ``trl/generation/vllm_client.py``, which the GRPO trainer imports on every path; without
 ``requests`` installed (a user's install today: transformers 5, datasets >= 5.1), ``from trl import
 GRPOTrainer`` fails.
@@ -20,7 +20,7 @@ import os
 import subprocess
 import sys
 
-from trl_compat.patches import vllm_client_requests_import as patch_module
+from trl_compat.patches import requests_optional as patch_module
 
 import pytest
 from packaging.version import Version
@@ -28,7 +28,7 @@ from packaging.version import Version
 from versions import installed
 from workers import SUPPORT
 
-PATCH_ID = "vllm-client-requests-import"
+PATCH_ID = "requests-optional"
 TRL = installed("trl")
 TOP_LEVEL = TRL is not None and Version("0.28.0") <= TRL < Version("1.14.2")
 REQUESTS = installed("requests") is not None
@@ -58,18 +58,26 @@ def compile_guarded(source, missing):
     return compile(guarded, "<synthetic>", "exec")
 
 
-def test_guarded_imports_bind_placeholders_and_keep_line_numbers(monkeypatch):
+def test_guarded_imports_skip_missing_packages_and_keep_line_numbers(monkeypatch):
     monkeypatch.setattr(patch_module, "OPTIONAL_PACKAGES", ("absent_pkg", "absent_pkg_two"))
     namespace = {}
     exec(compile_guarded(SYNTHETIC, ["absent_pkg", "absent_pkg_two"]), namespace)
     assert namespace["json"].__name__ == "json"  # an installed package's import is left as it is
-    for name, package in (("HTTPAdapter", "absent_pkg"), ("R", "absent_pkg_two"), ("absent_pkg", "absent_pkg")):
-        with pytest.raises(ImportError, match=f"{package} is not installed.*pip install {package}"):
-            namespace[name]()
-    assert "nothing" not in namespace  # a nested import is not the module's top level: untouched
+    # the missing packages' names are left unbound, as TRL 1.14.2 leaves them without requests
+    assert not {"HTTPAdapter", "R", "absent_pkg", "nothing"} & set(namespace)
     with pytest.raises(RuntimeError) as raised:
         namespace["fails"]()
     assert raised.traceback[-1].lineno + 1 == 11  # pytest counts from 0: the function's line, unchanged
+    tree = ast.parse(SYNTHETIC)
+    statements = patch_module.top_level_imports(tree)
+    assert [name for s in statements for name in patch_module.bound_names(s)] == ["HTTPAdapter", "R", "absent_pkg"]
+
+
+def test_placeholders_name_the_missing_package():
+    adapter = patch_module.placeholder("requests", "HTTPAdapter")
+    assert adapter.__name__ == "HTTPAdapter"
+    with pytest.raises(ImportError, match=r"requests is not installed\. Please install it with `pip install requests`"):
+        adapter(max_retries=3)
 
 
 def test_unguarded_synthetic_import_fails():
@@ -150,6 +158,21 @@ def test_users_install_unpatched_import_fails():
 @no_requests_cell
 def test_users_install_patched_import_and_client_error():
     check_patched(child())
+
+
+@no_requests_cell
+def test_placeholders_in_the_client_module_and_exact_revert(unpatched):
+    import trl.generation.vllm_client as client
+
+    finders = [f for f in sys.meta_path if isinstance(f, patch_module.Finder)]
+    assert len(finders) == 1 and client.HTTPAdapter.__name__ == "HTTPAdapter" and client.Retry.__name__ == "Retry"
+    with pytest.raises(ImportError, match="requests is not installed"):
+        client.HTTPAdapter()
+    with unpatched(PATCH_ID):
+        # as TRL 1.14.2 leaves the module without requests: the names unbound, no finder left
+        assert not hasattr(client, "HTTPAdapter") and not hasattr(client, "Retry")
+        assert not [f for f in sys.meta_path if isinstance(f, patch_module.Finder)]
+    assert client.HTTPAdapter.__name__ == "HTTPAdapter"
 
 
 TRAIN = """

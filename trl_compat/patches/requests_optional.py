@@ -1,4 +1,4 @@
-"""vllm-client-requests-import: without ``requests`` installed, ``from trl import GRPOTrainer`` fails
+"""requests-optional: without ``requests`` installed, ``from trl import GRPOTrainer`` fails
 with ``ModuleNotFoundError: No module named 'requests'``, vLLM or not.
 
 The bug
@@ -25,20 +25,20 @@ How the probe recognises it
     source cannot be read (a ``.pyc``-only install).
 
 The fix
-    A finder at the front of ``sys.meta_path`` answers for ``trl.generation.vllm_client`` only: it
+    A finder just before the path finder in ``sys.meta_path`` answers for ``trl.generation.vllm_client`` only: it
     takes the spec the path finder gives and swaps its loader for one that compiles the module from
     its source with each top-level import of a missing package wrapped in ``try`` / ``except
-    ImportError`` (the tree is changed, not the text: every other line keeps its number, so
-    tracebacks still point at TRL's file). The names such an import would bind (``HTTPAdapter``,
-    ``Retry``) become placeholders that raise ``ImportError`` naming the package when called: TRL's
-    own check in ``VLLMClient.__init__`` raises before them, as 1.14.2 does. Nothing else is
-    rewritten; ``requests`` stays absent for every other importer (``import requests`` still
-    fails). Revert removes the finder; a module already imported through it keeps its placeholders
-    (the package is absent either way).
+    ImportError: pass`` (the tree is changed, not the text: every other line keeps its number, so
+    tracebacks still point at TRL's file). The module then lacks those names, as 1.14.2's does
+    without ``requests``; once it is imported, the names (``HTTPAdapter``, ``Retry``) are set through
+    the Patcher to placeholders that raise ``ImportError`` naming the package when called (TRL's own
+    check in ``VLLMClient.__init__`` raises before them, as 1.14.2 does). Nothing else is rewritten;
+    ``requests`` stays absent for every other importer (``import requests`` still fails). Revert
+    deletes the placeholders and removes the finder: an imported module is left as 1.14.2 leaves it.
 
-Run time: the rewrite runs inside ``guarded(...)``: if it fails, the finder steps aside and Python
-imports TRL's module as it is (the import fails as it would without trl_compat; under
-TRL_COMPAT_STRICT=1 the error propagates).
+Run time: the rewrite and the placeholders run inside ``guarded(...)``: if the rewrite fails, the
+finder steps aside and Python imports TRL's module as it is (the import fails as it would without
+trl_compat; under TRL_COMPAT_STRICT=1 the error propagates).
 
 Delete when: trl_compat no longer supports TRL 0.28.0 - 1.14.1 (the registry's ``remove_when``; a
 test holds the two equal).
@@ -51,10 +51,10 @@ import importlib.machinery
 import importlib.util
 import sys
 
-from trl_compat._engine import guarded, needed, not_needed
+from trl_compat._engine import guarded, hooks, needed, not_needed
 from trl_compat._helpers.source import module_syntax
 
-PATCH_ID = "vllm-client-requests-import"
+PATCH_ID = "requests-optional"
 TARGET = "trl.generation.vllm_client"
 # The packages TRL declares only in its `vllm` extra that the module imports at its top level.
 OPTIONAL_PACKAGES = ("requests", "urllib3")
@@ -101,46 +101,36 @@ def probe(module):
 
 
 def placeholder(package: str, name: str):
-    """What ``from <package>... import <name>`` binds when ``package`` is missing: a callable that
+    """What ``from <package>... import <name>`` leaves when ``package`` is missing: a callable that
     says so when used."""
 
     def missing(*args, **kwargs):
-        raise ImportError(
-            f"{package} is not installed. Please install it with `pip install {package}` (trl_compat {PATCH_ID}: {name} needs it)"
-        )
+        hint = f"trl_compat {PATCH_ID}: {name} needs it"
+        raise ImportError(f"{package} is not installed. Please install it with `pip install {package}` ({hint})")
 
     missing.__qualname__ = missing.__name__ = name
     return missing
 
 
-def _fallback_assignments(statement: ast.stmt, package: str) -> list[ast.stmt]:
-    """``name = placeholder(package, name)`` for each name the import statement binds."""
-    helper = ast.parse(f"__import__({__name__!r}, fromlist=['placeholder']).placeholder", mode="eval").body
-    assignments = []
-    for alias in statement.names:  # type: ignore[attr-defined]
-        bound = alias.asname or alias.name.partition(".")[0]
-        call = ast.Call(func=helper, args=[ast.Constant(package), ast.Constant(bound)], keywords=[])
-        assignments.append(ast.Assign(targets=[ast.Name(bound, ast.Store())], value=call))
-    return assignments
+def bound_names(statement: ast.stmt) -> list[str]:
+    """The names an ``import`` statement binds."""
+    return [alias.asname or alias.name.partition(".")[0] for alias in statement.names]  # type: ignore[attr-defined]
 
 
 def guard_imports(tree: ast.Module, missing: list[str]) -> ast.Module:
     """``tree`` with each top-level import of a package in ``missing`` inside ``try`` / ``except
-    ImportError`` that binds placeholders; every node keeps the line of the statement it replaces."""
+    ImportError: pass``; every new node takes the line of the statement it wraps."""
     body = []
     for statement in tree.body:
-        package = _root(statement)
-        if package not in missing:
+        if _root(statement) not in missing:
             body.append(statement)
             continue
-        handler = ast.ExceptHandler(
-            type=ast.Name("ImportError", ast.Load()), name=None, body=_fallback_assignments(statement, package)
-        )
-        guarded_statement = ast.Try(body=[statement], handlers=[handler], orelse=[], finalbody=[])
-        for node in ast.walk(guarded_statement):
-            if node is not statement and "lineno" in node._attributes:
-                ast.copy_location(node, statement)
-        body.append(guarded_statement)
+        error, skip = ast.Name("ImportError", ast.Load()), ast.Pass()
+        handler = ast.ExceptHandler(type=error, name=None, body=[skip])
+        wrapped = ast.Try(body=[statement], handlers=[handler], orelse=[], finalbody=[])
+        for node in (wrapped, handler, error, skip):
+            ast.copy_location(node, statement)
+        body.append(wrapped)
     tree.body = body
     return ast.fix_missing_locations(tree)
 
@@ -174,12 +164,35 @@ class Finder:
         return f"<trl_compat {PATCH_ID} finder for {TARGET}>"
 
 
+def missing_names() -> dict[str, str]:
+    """``name -> package`` for each name the module's top-level imports of missing packages bind."""
+    statements = top_level_imports(module_syntax(TARGET))
+    missing = missing_packages(statements)
+    return {name: _root(s) for s in statements if _root(s) in missing for name in bound_names(s)}  # type: ignore[misc]
+
+
 def apply(module, patcher):
+    names = missing_names()
     finder = Finder()
-    sys.meta_path.insert(0, finder)
+    cancelled = []
 
     def remove():
+        cancelled.append(True)  # the hook below does nothing once the patch is reverted
         if finder in sys.meta_path:
             sys.meta_path.remove(finder)
 
+    # just before the path finder, whose answer it changes: behind the finders that watch imports (the
+    # engine's post-import hooks among them, which then see this module's import like any other)
+    position = next((i for i, f in enumerate(sys.meta_path) if f is importlib.machinery.PathFinder), len(sys.meta_path))
+    sys.meta_path.insert(position, finder)
     patcher.on_undo(remove)
+
+    def bind_placeholders(client_module):
+        if cancelled:
+            return
+        with guarded(PATCH_ID, f"binding placeholders in {TARGET}"):
+            for name, package in names.items():
+                if not hasattr(client_module, name):
+                    patcher.replace(client_module, name, placeholder(package, name))
+
+    hooks.when_imported(TARGET, bind_placeholders)

@@ -1,0 +1,119 @@
+"""vllm-packed-lora-sync: TRL >= 1.11's server-mode weight sync with LoRA, by value.
+
+A real GRPO run (tiny Qwen2, LoRA on every projection, 2 training steps with the vLLM stand-in in
+colocate mode, so that the adapter is trained: B != 0), then TRL's real ``VLLMGeneration.sync_weights``
+in server mode: TRL's real ``VLLMClient.update_named_params`` on a recording HTTP session streams
+``_iter_named_params()`` to the stand-in's packed producer, which, like vLLM's ``pack_tensors``, keeps
+what it is given until the generator is exhausted and only then reads it. What the "server" received
+is compared with the merged weights (W + B A scaling, read while the adapter is merged).
+"""
+
+import trl_compat
+from trl_compat.patches import vllm_packed_lora_sync
+
+import pytest
+from packaging.version import Version
+
+from fake_http import JsonResponse
+from grpo_run import LORA_TARGETS, make_trainer
+from versions import installed
+
+PATCH_ID = "vllm-packed-lora-sync"
+TRL, VLLM, PEFT = installed("trl"), installed("vllm"), installed("peft")
+IN_WINDOW = TRL is not None and TRL >= Version("1.11.0")
+in_window = pytest.mark.skipif(
+    not (IN_WINDOW and VLLM and PEFT), reason="TRL >= 1.11 (server mode's packed sync) with vllm (the stand-in) and peft"
+)
+BASE = "http://server:8000"
+
+
+@pytest.mark.skipif(TRL is None or VLLM is None, reason="needs trl and vllm")
+def test_the_probe_reads_trls_walk():
+    import trl.trainer.grpo_trainer as grpo
+
+    verdict = vllm_packed_lora_sync.probe(grpo)
+    assert verdict.needed is IN_WINDOW, verdict
+
+
+class RecordingSession:
+    """The server's HTTP side: every request answered 200."""
+
+    def post(self, url, **kwargs):
+        return JsonResponse({"success": True})
+
+
+def server_client(monkeypatch):
+    """TRL's real ``VLLMClient`` without a server; its weight-transfer group the stand-in's recorder."""
+    from trl.generation.vllm_client import VLLMClient
+    from vllm.distributed.weight_transfer._recorder import TrainerGroup
+
+    monkeypatch.setattr("atexit.register", lambda function: None)
+    client = VLLMClient.__new__(VLLMClient)  # __init__ would wait for a server
+    client.base_url, client.session, client._updating_weights = BASE, RecordingSession(), False
+    client.communicator = TrainerGroup({})
+    return client
+
+
+def vllm_name(name):
+    return name.removeprefix("base_model.model.").replace(".base_layer", "")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A trainer after 2 real GRPO steps with LoRA (colocate mode, the stand-in vLLM)."""
+    trainer = make_trainer(tmp_path_factory.mktemp("lora"), peft=True, use_vllm=True, steps=2)
+    trainer.train()
+    return trainer
+
+
+def server_sync(trainer, monkeypatch):
+    """TRL's server-mode sync; returns (what the server received, the merged weights, the base weights)."""
+    import torch
+
+    generation = trainer.vllm_generation
+    model = generation.model
+    with torch.no_grad():
+        model.merge_adapter()
+        merged = {vllm_name(n): p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+        model.unmerge_adapter()
+    base = {vllm_name(n): p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    client = server_client(monkeypatch)
+    monkeypatch.setattr(generation, "mode", "server")
+    monkeypatch.setattr(generation, "vllm_client", client, raising=False)
+    monkeypatch.setattr(generation, "_weight_metadata", None, raising=False)
+    generation.sync_weights()
+    (sent,) = client.communicator.sent  # one packed broadcast: a tiny model is one 1 GiB bucket
+    return dict(sent), merged, base
+
+
+def adapted(names):
+    """The weights LoRA adapts (2 layers x 7 projections; their biases are not adapted)."""
+    return sorted(n for n in names if n.endswith(".weight") and any(f".{target}." in n for target in LORA_TARGETS))
+
+
+@in_window
+def test_server_receives_the_merged_weights(trained, monkeypatch):
+    import torch
+
+    assert trl_compat.status(PATCH_ID) == trl_compat.APPLIED, trl_compat.report()
+    sent, merged, base = server_sync(trained, monkeypatch)
+    assert sorted(sent) == sorted(merged)
+    assert [n for n in sent if not torch.equal(sent[n], merged[n])] == []  # merged, by value
+    # the run trained the adapter: the merged weights are not the base ones where LoRA acts
+    lora = adapted(sent)
+    assert len(lora) == 14 and all(not torch.equal(merged[n], base[n]) for n in lora)
+    assert not trained.vllm_generation.model.base_model.model.model.layers[0].self_attn.q_proj.merged  # unmerged after
+
+
+@in_window
+def test_unpatched_server_receives_the_base_weights(trained, monkeypatch, unpatched):
+    import torch
+
+    with unpatched(PATCH_ID):
+        sent, merged, base = server_sync(trained, monkeypatch)
+    differing = sorted(n for n in sent if not torch.equal(sent[n], merged[n]))
+    # every LoRA-targeted weight was read after TRL's in-place unmerge: W + BA - BA, the base weights
+    assert differing == adapted(sent) and len(differing) == 14
+    for name in differing:
+        assert torch.allclose(sent[name], base[name], atol=1e-6), name
+        assert not torch.allclose(sent[name], merged[name], atol=1e-6), name
