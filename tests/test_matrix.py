@@ -1,10 +1,10 @@
-"""The matrix's lists agree (stack-free: reads tox.ini, matrix/cells/ and matrix/sweep.py only).
+"""The matrix's lists agree (stack-free: reads tox.ini, matrix/cells/ and matrix/sweep_commits.py only).
 
 - ``tox.ini``'s ``env_list`` runs every cell of ``matrix/cells/`` but those of its ``by-hand`` label
   (each with a section of its own, so that ``tox -e <cell>`` finds it), and names nothing else that
   would fall to the default env (whose deps are ``matrix/cells/{env_name}.txt``): an extra has its
   own ``[testenv:...]`` section.
-- ``matrix/sweep.py`` reads what a main-branch build must say from the commits that brought and
+- ``matrix/sweep_commits.py`` reads what a main-branch build must say from the commits that brought and
   fixed each bug (``expected_at``), on a small git history built here.
 """
 
@@ -60,7 +60,7 @@ def test_tox_env_list_runs_every_cell_and_only_known_extras():
 
 @pytest.fixture(scope="module")
 def sweep():
-    return matrix_script("sweep")
+    return matrix_script("sweep_commits")  # COMMITS, BUG_SPANS, expected_at
 
 
 def test_every_span_names_a_patch_and_every_build_is_listed_once(sweep):

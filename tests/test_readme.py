@@ -1,7 +1,9 @@
 """README's patch table is the registry's, rendered by tools/write_readme_table.py (no TRL needed)."""
 
+import glob
 import importlib.util
 import os
+import re
 
 from trl_compat.patches import PATCHES
 
@@ -10,6 +12,11 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "tools", "write_readme_table.py")
 README = os.path.join(ROOT, "README.md")
+# the release README's requirements line pins (tests/test_release.py holds it to its commit)
+PINNED_RELEASE = re.compile(r"^trl-compat @ git\+[^@\n]+@[0-9a-f]{40}  # release (\S+)$", re.M)
+# trl_compat's own output shown in an example: "trl_compat 0.5.0: fixes ...", "trl-compat 0.5.0"
+EXAMPLE_VERSION = re.compile(r"\btrl[-_]compat v?(\d+\.\d+\.\d+(?:\.dev\d+)?)")
+FENCED = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +107,35 @@ def test_windows_read_as_people_write_them(tool, requires, shown):
 )
 def test_upstream_is_shortened_to_the_fixing_release(tool, upstream, fixed_in, shown):
     assert tool.render_upstream(upstream, fixed_in) == shown
+
+
+@pytest.mark.parametrize(
+    "requires, shown",
+    [
+        ({"trl": ">=0.24.0.dev0", "vllm": ">=0.10.2.dev0"}, "not fixed upstream"),  # open: the newest release has it
+        ({"trl": ">=0.24.0.dev0,<0.26.0a0"}, "not fixed"),  # closed: later releases dropped the code
+    ],
+)
+def test_an_open_window_reads_not_fixed_upstream(tool, requires, shown):
+    upstream = "https://github.com/huggingface/trl/issues/6789 (open)"
+    link = " ([TRL issue #6789](https://github.com/huggingface/trl/issues/6789))"
+    assert tool.render_upstream(upstream, {}, requires) == shown + link
+
+
+def test_examples_show_the_release_readme_pins():
+    """The log line and the report README (and docs/) show are those of the release a user installs from
+    README's requirements line: at each release the numbers move with that line (CONTRIBUTING, release
+    procedure, step 5)."""
+    with open(README, encoding="utf-8") as handle:
+        readme = handle.read()
+    pinned = PINNED_RELEASE.findall(readme)
+    assert len(pinned) == 1, pinned
+    shown = {}
+    for doc in [README, *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]:
+        with open(doc, encoding="utf-8") as handle:
+            for block in FENCED.findall(handle.read()):
+                for version in EXAMPLE_VERSION.findall(block):
+                    shown.setdefault(version, set()).add(os.path.relpath(doc, ROOT))
+    assert shown, "README's examples show no trl_compat version: EXAMPLE_VERSION no longer finds them"
+    stale = {version: sorted(docs) for version, docs in shown.items() if version != pinned[0]}
+    assert not stale, f"examples show trl_compat {stale}, README's requirements line release {pinned[0]}: change their numbers to it"

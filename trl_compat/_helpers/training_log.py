@@ -3,7 +3,7 @@
 * One line in the training log when a ``GRPOTrainer`` is built, once per process, on the main
   process only (``TRL_COMPAT_QUIET=1``: none)::
 
-      trl_compat 0.2.0: fixes that change this run's numbers: scale-rewards-swapped; fixes that
+      trl_compat X.Y.Z: fixes that change this run's numbers: scale-rewards-swapped; fixes that
       prevent a crash: eval-before-train-ga; disabled: logps-temperature; off-policy guard: off;
       details: python -m trl_compat
 
