@@ -197,7 +197,8 @@ def needed_modules(row):
     match = MISSING.search(plain.get("import", ""))
     if match and compat.get("import") == "ok":
         found.add(match.group(1))
-    found |= {module for module, outcome in row.get("needs", {}).items() if outcome != "optional"}
+    if not row.get("needs_unchecked"):
+        found |= {module for module, outcome in row.get("needs", {}).items() if outcome != "optional"}
     return found
 
 
@@ -209,15 +210,18 @@ def users_records(path=USERS_RESULTS):
     for row in rows:
         for module in needed_modules(row):
             releases.setdefault(module, set()).add(row["trl"])
+    checked = sorted({row["trl"] for row in rows if row.get("trl_compat", {}).get("import") == "ok"}, key=_key)
     records = []
     for module, seen in sorted(releases.items()):
         first, last = min(seen, key=_key), max(seen, key=_key)
+        # the first release after the window whose rows show it gone (the window's end so far, if none ran)
+        after = [release for release in checked if _key(release) > _key(last) and release not in seen]
         patch = ANSWERED_BY.get(module)
         records.append(
             {
                 "change": f"{first}..{last}:imports:{module}",
                 "pr": "",
-                "first_release": last,
+                "first_release": after[0] if after else last,
                 "verdict": f"patched:{patch}" if patch else "open",
                 "since": first,
                 "when": "",

@@ -66,12 +66,15 @@ def last_line(exc: BaseException) -> str:
 
 
 def hidden_import(modules: list[str]) -> None:
-    """``--hide a,b``: ``from trl import GRPOTrainer`` with those top-level modules unimportable, as
-    an install without them: "needed" when the import then fails on one of them (TRL imports it
-    unconditionally), "optional" when it succeeds (TRL guards it)."""
+    """``--hide a,b``: ``import trl_compat; from trl import GRPOTrainer`` with those top-level modules
+    unimportable, as an install without them: "needed" when the import then fails on one of them
+    (TRL imports it unconditionally), "optional" when it succeeds (TRL guards it). With trl_compat,
+    so that what fails is the hidden module, not one a patch already answers."""
     for name in modules:
         sys.modules[name] = None  # type: ignore[assignment]
     try:
+        import trl_compat  # noqa: F401
+
         from trl import GRPOTrainer  # noqa: F401
     except Exception as exc:  # noqa: BLE001 -- any failure of TRL's import is the row's answer
         print("ROW", json.dumps({"mode": "hidden", "import": last_line(exc)}), flush=True)

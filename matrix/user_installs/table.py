@@ -50,7 +50,10 @@ def _cell(mode: dict | None) -> str:
 
 def _needs(row: dict) -> str:
     """The undeclared modules, each with what hiding it did: "optional" (TRL guards it) or the error."""
-    return "; ".join(f"{m}: {'optional' if v == 'optional' else f'needed (`{v}`)'}" for m, v in sorted(row.get("needs", {}).items()))
+    needs = row.get("needs", {})
+    if row.get("needs_unchecked"):
+        return ", ".join(f"{m}: not checked" for m in sorted(needs))
+    return "; ".join(f"{m}: {'optional' if v == 'optional' else f'needed (`{v}`)'}" for m, v in sorted(needs.items()))
 
 
 def trains(mode: dict | None) -> bool:
