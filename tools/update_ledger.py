@@ -184,7 +184,6 @@ def write(records, path=LEDGER_PATH):
 # The users'-installs rule: a module `from trl import GRPOTrainer` needs that TRL's requirements (no
 # extras) do not bring is a record; the patch that answers it, where one does (else "open": triage it).
 USERS_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "matrix", "user_installs", "results.json")
-MISSING = re.compile(r"No module named '([A-Za-z0-9_]+)")
 ANSWERED_BY = {"requests": "requests-optional", "urllib3": "requests-optional"}
 
 
@@ -194,9 +193,11 @@ def needed_modules(row):
     worked), or present by chance and needed once hidden (the row's ``needs``)."""
     found = set()
     plain, compat = row.get("plain") or {}, row.get("trl_compat") or {}
-    match = MISSING.search(plain.get("import", ""))
-    if match and compat.get("import") == "ok":
-        found.add(match.group(1))
+    site = plain.get("site") or {}
+    # only an import at a TRL module's top level: one inside `if is_x_available():` that failed is
+    # another class of bug (a wrong availability answer: transformers5-import)
+    if site.get("top_level") and compat.get("import") == "ok":
+        found.add(site["module"].partition(".")[0])
     if not row.get("needs_unchecked"):
         found |= {module for module, outcome in row.get("needs", {}).items() if outcome != "optional"}
     return found

@@ -8,6 +8,7 @@ bug ``requests-optional`` fixes, seen from the import (the ledger's mechanical r
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import json
 import math
@@ -65,6 +66,30 @@ def last_line(exc: BaseException) -> str:
     return text[:300]
 
 
+def import_site(exc: BaseException) -> dict | None:
+    """Where in TRL a ``ModuleNotFoundError`` was raised: the innermost frame in TRL's package, and
+    whether that line is a statement of the module's top level (an unconditional import, which TRL's
+    requirements must provide) or inside a block (an ``if is_x_available():`` whose answer was wrong:
+    another class of bug). None for other errors."""
+    chain, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    missing = next((e for e in chain if isinstance(e, ModuleNotFoundError)), None)
+    if missing is None:
+        return None
+    frames = [f for f in traceback.extract_tb(missing.__traceback__) if "/trl/" in f.filename.replace("\\", "/")]
+    if not frames:
+        return None
+    frame = frames[-1]
+    with open(frame.filename, encoding="utf-8") as handle:
+        tree = ast.parse(handle.read())
+    top = any(s.lineno <= frame.lineno <= (s.end_lineno or s.lineno) for s in tree.body if isinstance(s, (ast.Import, ast.ImportFrom)))
+    path = frame.filename.replace("\\", "/").rpartition("/trl/")[2]
+    return {"module": missing.name, "file": f"trl/{path}", "line": frame.lineno, "top_level": top}
+
+
 def hidden_import(modules: list[str]) -> None:
     """``--hide a,b``: ``import trl_compat; from trl import GRPOTrainer`` with those top-level modules
     unimportable, as an install without them: "needed" when the import then fails on one of them
@@ -102,6 +127,7 @@ def main() -> None:
         from trl import GRPOTrainer  # noqa: F401
     except Exception as exc:  # noqa: BLE001 -- any failure of TRL's import is the row's answer
         row["import"] = last_line(exc)
+        row["site"] = import_site(exc)
         print("ROW", json.dumps(row), flush=True)
         return
     row["import"] = "ok"
