@@ -14,8 +14,9 @@ dependencies. In each: `from trl import GRPOTrainer`, then 2 GRPO steps on the t
 with LoRA, plain and with `import trl_compat` first. Written by `python matrix/user_installs`
 ({seconds:.0f} s for the rows of the last run; matrix/README.md, "Users' installs").
 
-A row that fails plain names the patch that fixes it (**applied**); a row that fails with trl_compat
-is a bug of trl_compat's. **Undeclared**: each module the trainer's import loaded (with trl_compat)
+A row that fails plain names the patch that fixes it (**fixed by**: the applied patch whose symptom is
+the error; **applied**: every patch that applied); a row that fails with trl_compat is a bug of
+trl_compat's. **Undeclared**: each module the trainer's import loaded (with trl_compat)
 from a distribution that TRL's requirements (no extras) do not bring, imported again in a fresh
 process with that module hidden: "optional" where TRL guards it, "needed" where the import then
 fails: the class of `requests-optional` (its modules show in the plain column's error
@@ -39,11 +40,36 @@ COLUMNS = (
 )
 
 
-def _cell(mode: dict | None) -> str:
+# A missing module imported inside `if is_x_available():` means a wrong availability answer, the bug of
+# these patches; one at a module's top level means an undeclared requirement.
+GUARDED_IMPORT_PATCHES = ("transformers5-import",)
+
+
+def fixed_by(row: dict) -> str:
+    """The applied patch whose symptom is the plain import's error (its exception and module named),
+    told apart by where TRL imported the module; "" when the plain run did not fail at import."""
+    from trl_compat.patches import PATCHES
+
+    plain, applied = row.get("plain") or {}, (row.get("trl_compat") or {}).get("applied", [])
+    error = plain.get("import", "ok")
+    if error == "ok" or not applied:
+        return ""
+    kind, _, detail = error.partition(":")
+    module = detail.strip().rpartition(" ")[2].strip("'").partition(".")[0]
+    symptoms = {p.id: p.symptom for p in PATCHES if p.id in applied}
+    found = [i for i, text in symptoms.items() if kind in text and module in text]
+    site = plain.get("site")
+    if len(found) > 1 and site:
+        found = [i for i in found if (i in GUARDED_IMPORT_PATCHES) is not site.get("top_level")]
+    return ", ".join(found) or "?"
+
+
+def _cell(mode: dict | None, row: dict | None = None) -> str:
     if not mode:
         return "not run"
     if mode.get("import") != "ok":
-        return f"import: `{mode.get('import')}`"
+        fix = fixed_by(row) if row is not None and mode.get("mode") == "plain" else ""
+        return f"import: `{mode.get('import')}`" + (f" (fixed by **{fix}**)" if fix else "")
     parts = [mode.get(k, "?") for k in ("full", "lora")]
     return "ok / " + " / ".join("trains" if p == "trains" else f"`{p}`" for p in parts)
 
@@ -84,7 +110,7 @@ def write(path, results: list[dict], today: str, seconds: float) -> None:
         if "error" in r:
             middle = f"{r['error']} | | "
         else:
-            middle = f"{_cell(r.get('plain'))} | {_cell(r.get('trl_compat'))} | "
+            middle = f"{_cell(r.get('plain'), r)} | {_cell(r.get('trl_compat'))} | "
         compat = r.get("trl_compat") or {}
         text += (
             f"| {r['trl']} | {r['date']} ({r['date_kind']}) | {v.get('transformers', '')} | {v.get('peft', '')} | "
