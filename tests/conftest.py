@@ -1,4 +1,6 @@
+import importlib
 import os
+import uuid
 
 import pytest
 
@@ -28,6 +30,20 @@ VLLM_ENGINE_VARS = ("VLLM_USE_V1", "VLLM_ENABLE_V1_MULTIPROCESSING")
 # and accelerate wraps the model in DDP (with TRL 0.22/0.23's gradient checkpointing and LoRA:
 # "Expected to mark a variable ready only once"). Each test gets the environment it started with.
 RENDEZVOUS_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture
+def code_module(tmp_path, monkeypatch):
+    """``code_module(source)``: ``source`` written to a fresh module under ``tmp_path`` and imported
+    (a probe's test reads TRL-like code through ``inspect``, which needs a real file)."""
+
+    def load(source):
+        name = "tcprobe_" + uuid.uuid4().hex[:8]
+        (tmp_path / f"{name}.py").write_text(source)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        return importlib.import_module(name)
+
+    return load
 
 
 @pytest.fixture(autouse=True)

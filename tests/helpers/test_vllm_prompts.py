@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import uuid
 
 import trl_compat
 from trl_compat._engine import logs as engine_logs
@@ -367,13 +366,10 @@ _NO_VLLM = """
         (_NO_VLLM, None, None, None),
     ],
 )
-def test_probes_read_the_generation_method(tmp_path, monkeypatch, body, truncation, special, double_bos):
+def test_probes_read_the_generation_method(code_module, body, truncation, special, double_bos):
     from trl_compat.patches import vllm_double_bos, vllm_prompt_special_tokens, vllm_prompt_truncation
 
-    name = "tcprobe_" + uuid.uuid4().hex[:8]
-    (tmp_path / f"{name}.py").write_text(f"class GRPOTrainer:\n{body}")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module = importlib.import_module(name)
+    module = code_module(f"class GRPOTrainer:\n{body}")
     verdicts = [m.probe(module).needed for m in (vllm_prompt_truncation, vllm_prompt_special_tokens, vllm_double_bos)]
     assert verdicts == [truncation, special, double_bos]
 
@@ -402,15 +398,13 @@ _V024 = """
 
 
 @pytest.mark.parametrize("body, double_bos", [(_V023_COLOCATE, True), (_V024, False)])
-def test_double_bos_probe_0_20_to_0_24(tmp_path, monkeypatch, body, double_bos):
+def test_double_bos_probe_0_20_to_0_24(code_module, body, double_bos):
     """0.20 - 0.23.1 hand the colocated engine ``vllm_inputs = all_prompts_text``; 0.24 (#4152)
     trains on ``output.prompt_token_ids``."""
     from trl_compat.patches import vllm_double_bos
 
-    name = "tcprobe_" + uuid.uuid4().hex[:8]
-    (tmp_path / f"{name}.py").write_text(f"class GRPOTrainer:\n{body}")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert vllm_double_bos.probe(importlib.import_module(name)).needed is double_bos
+    module = code_module(f"class GRPOTrainer:\n{body}")
+    assert vllm_double_bos.probe(module).needed is double_bos
 
 
 @pytest.mark.skipif(not HAVE_TORCH or importlib.util.find_spec("trl") is None, reason="needs TRL")

@@ -14,7 +14,6 @@
 """
 
 import importlib
-import uuid
 
 import pytest
 
@@ -201,10 +200,8 @@ def test_probe_on_the_installed_trl():
         ("def g(self, t):\n        return self.processing_class(text=t)\n", False),
     ],
 )
-def test_probe_reads_the_code(tmp_path, monkeypatch, body, verdict):
+def test_probe_reads_the_code(code_module, body, verdict):
     from trl_compat.patches import prompt_right_truncation as prt
 
-    name = "tcprobe_" + uuid.uuid4().hex[:8]
-    (tmp_path / f"{name}.py").write_text(f"class GRPOTrainer:\n    {body}")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert prt.probe(importlib.import_module(name)).needed is verdict
+    module = code_module(f"class GRPOTrainer:\n    {body}")
+    assert prt.probe(module).needed is verdict

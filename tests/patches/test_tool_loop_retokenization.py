@@ -17,7 +17,6 @@ import importlib
 import importlib.util
 import os
 import re
-import uuid
 
 import pytest
 
@@ -135,13 +134,11 @@ def test_tools_need_transformers_5_in_this_window(tmp_path):
         ("def _generate(self, prompts):\n        return prompts\n", False),
     ],
 )
-def test_probe_reads_the_code(tmp_path, monkeypatch, body, verdict):
+def test_probe_reads_the_code(code_module, body, verdict):
     from trl_compat.patches import tool_loop_retokenization as tlr
 
-    name = "tcprobe_" + uuid.uuid4().hex[:8]
-    (tmp_path / f"{name}.py").write_text(f"class GRPOTrainer:\n    {body}")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert tlr.probe(importlib.import_module(name)).needed is verdict
+    module = code_module(f"class GRPOTrainer:\n    {body}")
+    assert tlr.probe(module).needed is verdict
 
 
 # -- transformers >= 5: the bug by value --------------------------------------------------------

@@ -192,15 +192,10 @@ _FIX_100 = (
         ("    def _get_tool_suffix_ids(self, tool_messages):\n        return self.suffix(tool_messages)\n", None),
     ],
 )
-def test_probe_reads_the_module_source(tmp_path, monkeypatch, body, verdict):
+def test_probe_reads_the_module_source(code_module, body, verdict):
     _trl_or_skip()
-    import importlib
-    import uuid
 
     from trl_compat.patches import tool_suffix_eos_newline as patch
 
-    name = "tcprobe_" + uuid.uuid4().hex[:8]
-    (tmp_path / f"{name}.py").write_text(f"class GRPOTrainer:\n{body}")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module = importlib.import_module(name)
+    module = code_module(f"class GRPOTrainer:\n{body}")
     assert patch.probe(module).needed is verdict

@@ -165,19 +165,14 @@ def test_probe_on_the_installed_trl():
         ("self.tools = tools or []", "x.apply_chat_template(p, tools=list(self.tools))", None),  # unknown shape
     ],
 )
-def test_probe_reads_the_module_source(tmp_path, monkeypatch, init, call, verdict):
+def test_probe_reads_the_module_source(code_module, init, call, verdict):
     _trl_or_skip()
-    import importlib
-    import uuid
 
     from trl_compat.patches import tools_empty_list_template as patch
 
-    name = "tcprobe_" + uuid.uuid4().hex[:8]
-    (tmp_path / f"{name}.py").write_text(
+    module = code_module(
         "class GRPOTrainer:\n"
         f"    def __init__(self, tools=None):\n        {init}\n\n"
         f"    def _tokenize(self, x, p):\n        return {call}\n"
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module = importlib.import_module(name)
     assert patch.probe(module).needed is verdict

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import uuid
 
 import trl_compat
 from trl_compat._helpers import vllm_logprobs
@@ -131,11 +130,9 @@ class GRPOTrainer:
         (_V023.replace("class LLM:\n    pass\n", "LLM = None\n"), None),
     ],
 )
-def test_probe_on_code(tmp_path, monkeypatch, body, needed):
-    name = "tcprobe_" + uuid.uuid4().hex[:8]
-    (tmp_path / f"{name}.py").write_text(body)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert patch_module.probe(importlib.import_module(name)).needed is needed
+def test_probe_on_code(code_module, body, needed):
+    module = code_module(body)
+    assert patch_module.probe(module).needed is needed
 
 
 def test_wrapper_adds_the_mode_only_when_missing(monkeypatch, caplog):

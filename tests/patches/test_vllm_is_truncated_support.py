@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import uuid
 
 import trl_compat
 from trl_compat.patches import vllm_is_truncated_support as patch_module
@@ -202,8 +201,6 @@ class GRPOTrainer:
         (_V126.replace("(old_per_token_logps - sampling_per_token_logps)", "ratio(old, sampling)"), None),
     ],
 )
-def test_probe_on_code(tmp_path, monkeypatch, body, needed):
-    name = "tcprobe_" + uuid.uuid4().hex[:8]
-    (tmp_path / f"{name}.py").write_text(body)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert patch_module.probe(importlib.import_module(name)).needed is needed
+def test_probe_on_code(code_module, body, needed):
+    module = code_module(body)
+    assert patch_module.probe(module).needed is needed

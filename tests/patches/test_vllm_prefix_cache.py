@@ -136,16 +136,11 @@ def test_patched_resets_after_every_sync(tmp_path):
         ("def __init__(self):\n        self.llm = LLM(model=m)\n", False),
     ],
 )
-def test_probe_reads_the_module_source(tmp_path, monkeypatch, body, verdict):
-    import importlib
-    import uuid
+def test_probe_reads_the_module_source(code_module, body, verdict):
 
     from trl_compat.patches import vllm_prefix_cache
 
-    name = "tcprobe_" + uuid.uuid4().hex[:8]
-    (tmp_path / f"{name}.py").write_text(f"class GRPOTrainer:\n    {body}")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module = importlib.import_module(name)
+    module = code_module(f"class GRPOTrainer:\n    {body}")
     assert vllm_prefix_cache.probe(module).needed is verdict
 
 

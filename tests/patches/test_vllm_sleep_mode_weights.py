@@ -276,15 +276,10 @@ def test_probe_on_the_installed_trl():
         ("def _generate_single_turn(self, prompts):\n        self.llm.sleep(level=2)\n", None),
     ],
 )
-def test_probe_reads_the_module_source(tmp_path, monkeypatch, body, verdict):
+def test_probe_reads_the_module_source(code_module, body, verdict):
     _trl_or_skip()
-    import importlib
-    import uuid
 
     from trl_compat.patches import vllm_sleep_mode_weights as patch
 
-    name = "tcprobe_" + uuid.uuid4().hex[:8]
-    (tmp_path / f"{name}.py").write_text(f"class GRPOTrainer:\n    {body}")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module = importlib.import_module(name)
+    module = code_module(f"class GRPOTrainer:\n    {body}")
     assert patch.probe(module).needed is verdict
