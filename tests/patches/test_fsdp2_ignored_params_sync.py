@@ -16,6 +16,7 @@ from trl_compat.patches import fsdp2_ignored_params_sync
 import pytest
 from packaging.version import Version
 
+from cells import only_in_cells
 from versions import installed
 from workers import launch_two
 
@@ -27,6 +28,11 @@ needs_window = pytest.mark.skipif(
     not (IN_WINDOW and VLLM and CAN_IGNORE), reason="needs trl >= 0.20 (TRL's FSDP2 sync), vllm and torch >= 2.7"
 )
 IGNORED = "model.norm.weight"
+# one cell per shape of TRL's FSDP2 walk that runs on a CPU: GRPOTrainer's (0.20 - 0.27) and VLLMGeneration's
+# generator (1.11+); each launch is 2 processes. VLLMGeneration's sync of 0.28 - 1.10 moves every CPU
+# parameter to CUDA before full_tensor() (`param.to(torch.device("cuda"))`): its probe is checked in every
+# cell, its values only on a GPU.
+shapes = only_in_cells("trl0.26.0-tf4.57.3", "trl-newest", why="2-process FSDP2 launches")
 
 
 @pytest.mark.skipif(TRL is None or VLLM is None, reason="needs trl and vllm")
@@ -55,6 +61,7 @@ def launch(model_dir, disable=""):
 
 
 @needs_window
+@shapes
 def test_sync_with_ignored_params_sends_every_weight(model_dir):
     run = launch(model_dir)
     for versions in run.per_rank("versions"):
@@ -69,6 +76,7 @@ def test_sync_with_ignored_params_sends_every_weight(model_dir):
 
 
 @needs_window
+@shapes
 def test_unpatched_sync_raises_attribute_error(model_dir):
     run = launch(model_dir, disable=PATCH_ID)
     for versions in run.per_rank("versions"):

@@ -24,12 +24,15 @@ from trl_compat.patches import vllm_is_truncated_support as patch_module
 import pytest
 from packaging.version import Version
 
+from cells import only_in_cells
 from versions import installed
 
 PATCH_ID = "vllm-is-truncated-support"
 TRL, VLLM = installed("trl"), installed("vllm")
 IN_WINDOW = TRL is not None and TRL >= Version("0.26.0") and VLLM is not None and VLLM >= Version("0.10.2")
 in_window = pytest.mark.skipif(not IN_WINDOW, reason="TRL >= 0.26 with the vLLM stand-in (trl-newest, trl0.26.0-tf4.57.3)")
+# one cell per shape of TRL's code: 0.26 - 0.27 (the trainer builds the engine), 0.28+ (generation/)
+shapes = only_in_cells("trl0.26.0-tf4.57.3", "trl1.0.0-tf4.57.6-ds0.19.2", "trl-newest", why="GRPO runs by value")
 TRUNCATIONS = [pytest.param({"top_k": 16}, id="top_k"), pytest.param({"top_p": 0.7}, id="top_p")]
 
 
@@ -81,6 +84,7 @@ def _reference(trainer, batch, truncation):
 
 
 @in_window
+@shapes
 @pytest.mark.parametrize("truncation", TRUNCATIONS)
 def test_ratio_is_the_kept_mass_without_the_patch(tmp_path, unpatched, truncation):
     importlib.import_module("trl.trainer.grpo_trainer")  # the patch's trigger
@@ -95,6 +99,7 @@ def test_ratio_is_the_kept_mass_without_the_patch(tmp_path, unpatched, truncatio
 
 
 @in_window
+@shapes
 @pytest.mark.parametrize("truncation", TRUNCATIONS)
 def test_replayed_truncation_keeps_the_ratio_at_one(tmp_path, truncation):
     importlib.import_module("trl.trainer.grpo_trainer")  # the patch's trigger

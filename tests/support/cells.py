@@ -18,3 +18,13 @@ engine_cells = pytest.mark.skipif(
     bool(CELL) and CELL not in ENGINE_CELLS,
     reason=f"trl_compat's machinery on a real TRL: run in the cells {', '.join(ENGINE_CELLS)} (tests/support/cells.py)",
 )
+
+
+def only_in_cells(*cells: str, why: str):
+    """Skip a costly by-value test outside ``cells`` (one per shape of TRL's code it drives; every
+    local run, ``TRL_COMPAT_CELL`` unset, runs it): the other cells in its window prove the patch's
+    status, not again its values."""
+    return pytest.mark.skipif(
+        bool(CELL) and CELL not in cells,
+        reason=f"{why}: run in the cells {', '.join(cells)} (tests/support/cells.py)",
+    )
