@@ -97,9 +97,24 @@ def test_only_the_optional_packages_top_level_imports_are_seen():
 
 
 @pytest.mark.skipif(TRL is None, reason="trl is not installed")
+def test_the_client_modules_top_level_imports_in_this_release():
+    """What the probe reads where a package is missing, read in every cell: 0.28.0 - 1.14.1 import both
+    at the module's top level, 1.14.2 inside ``if is_requests_available():``, < 0.28 has no module."""
+    if TRL < Version("0.28.0"):
+        with pytest.raises(ModuleNotFoundError):
+            patch_module.module_syntax(patch_module.TARGET)
+        return
+    statements = patch_module.top_level_imports(patch_module.module_syntax(patch_module.TARGET))
+    expected = ["from requests.adapters import HTTPAdapter", "from urllib3.util.retry import Retry"] if TOP_LEVEL else []
+    assert [ast.unparse(s) for s in statements] == expected
+
+
+@pytest.mark.skipif(TRL is None, reason="trl is not installed")
 def test_probe_reads_the_client_module_of_this_release():
     verdict = patch_module.probe(sys.modules.get("trl"))
-    if TRL < Version("0.28.0"):
+    if REQUESTS and patch_module.installed("urllib3"):
+        assert not verdict.needed and "requests and urllib3 are installed" in verdict.reason, verdict
+    elif TRL < Version("0.28.0"):
         assert not verdict.needed and ("has no trl.generation.vllm_client" in verdict.reason or "only where" in verdict.reason)
     elif TOP_LEVEL:
         assert "runs `from requests.adapters import HTTPAdapter; from urllib3.util.retry import Retry` at import" in verdict.reason

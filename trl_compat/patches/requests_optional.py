@@ -19,9 +19,10 @@ The bug
 How the probe recognises it
     It parses the module's source without importing it (``_helpers.source.module_syntax``) and
     looks for ``import`` statements of ``requests`` or ``urllib3`` at the module's top level (1.14.2
-    has them only inside the ``if``: "not needed"). With such a statement, "needed" only where a
-    package it imports is not installed (``importlib.util.find_spec`` of the top-level name, which
-    imports nothing); with both installed the import works ("not needed"). "Undecided" when the
+    has them only inside the ``if``: "not needed"). With such a statement, "needed" where a package
+    it imports is not installed (``importlib.util.find_spec`` of the top-level name, which imports
+    nothing). With both installed the import works: "not needed", said before any source is read
+    (most installs: the probe costs two lookups). "Undecided" when the
     source cannot be read (a ``.pyc``-only install).
 
 The fix
@@ -85,6 +86,8 @@ def missing_packages(statements: list[ast.stmt]) -> list[str]:
 
 
 def probe(module):
+    if all(installed(package) for package in OPTIONAL_PACKAGES):  # most installs: no source to parse
+        return not_needed(f"{' and '.join(OPTIONAL_PACKAGES)} are installed: {TARGET} imports whatever it imports of them")
     try:
         tree = module_syntax(TARGET)
     except ModuleNotFoundError:
@@ -94,8 +97,6 @@ def probe(module):
         return not_needed(f"{TARGET} imports requests and urllib3 only where they are installed")
     shown = "; ".join(ast.unparse(statement) for statement in statements)
     missing = missing_packages(statements)
-    if not missing:
-        return not_needed(f"{TARGET} runs `{shown}` at import, and the packages are installed")
     absent = f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed"
     return needed(f"{TARGET} runs `{shown}` at import, and {absent}: the GRPO trainer cannot be imported")
 
