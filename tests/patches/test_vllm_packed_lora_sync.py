@@ -14,6 +14,8 @@ from trl_compat.patches import vllm_packed_lora_sync
 import pytest
 from packaging.version import Version
 
+pytest.importorskip("torch")  # grpo_run builds torch models: not in the notrl cell
+
 from fake_http import JsonResponse
 from grpo_run import LORA_TARGETS, make_trainer
 from versions import installed
