@@ -169,7 +169,7 @@ def test_the_probe_reads_trls_fsdp2_sync():
     verdict = fsdp2_vllm_sync.probe(grpo)
     if TRL_LORA_NAMES:
         assert verdict.needed is True and "state_dict() names" in verdict.reason
-        assert grpo.GRPOTrainer._sync_fsdp2_params_to_vllm.__trl_compat_patch__ == {PATCH_ID}
+        assert PATCH_ID in grpo.GRPOTrainer._sync_fsdp2_params_to_vllm.__trl_compat_patch__  # fsdp2-ignored-params-sync stacks on it
     else:  # 0.26.0 strips the PEFT prefixes itself (PR #4603); 0.28 moved the sync out of the trainer
         assert verdict.needed is False
 
