@@ -8,6 +8,8 @@ what it is given until the generator is exhausted and only then reads it. What t
 is compared with the merged weights (W + B A scaling, read while the adapter is merged).
 """
 
+import os
+
 import trl_compat
 from trl_compat.patches import vllm_packed_lora_sync
 
@@ -63,8 +65,15 @@ def vllm_name(name):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A trainer after 2 real GRPO steps with LoRA (colocate mode, the stand-in vLLM)."""
-    trainer = make_trainer(tmp_path_factory.mktemp("lora"), peft=True, use_vllm=True, steps=2)
-    trainer.train()
+    # module-scoped: outside the per-test restore of conftest, so the environment colocate mode and the
+    # stand-in write (VLLM_USE_V1, the rendezvous variables) is put back here for the tests after it
+    saved = dict(os.environ)
+    try:
+        trainer = make_trainer(tmp_path_factory.mktemp("lora"), peft=True, use_vllm=True, steps=2)
+        trainer.train()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     return trainer
 
 
