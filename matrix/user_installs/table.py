@@ -12,7 +12,7 @@ installing that pin gets now). Resolved with `uv pip install --exclude-newer DAT
 2.13.0 (not of that date: the only torch here), nothing else; trl_compat added without its
 dependencies. In each: `from trl import GRPOTrainer`, then 2 GRPO steps on the tiny model, full and
 with LoRA, plain and with `import trl_compat` first. Written by `python matrix/user_installs`
-({seconds:.0f} s for the rows of the last run; matrix/README.md, "Users' installs").
+(60 - 150 s a row on 2 cores; matrix/README.md, "Users' installs"); rows not run yet say so.
 
 A row that fails plain names the patch that fixes it (**fixed by**: the applied patch whose symptom is
 the error; **applied**: every patch that applied); a row that fails with trl_compat is a bug of
@@ -103,7 +103,7 @@ def summary(results: list[dict]) -> str:
 
 def write(path, results: list[dict], today: str, seconds: float) -> None:
     results = sorted(results, key=lambda r: (Version(r["trl"]), r["date"]))
-    text = HEADER.format(today=today, seconds=seconds, summary=summary(results))
+    text = HEADER.format(today=today, summary=summary(results))
     text += "| " + " | ".join(COLUMNS) + " |\n" + "|---" * len(COLUMNS) + "|\n"
     for r in results:
         v = r.get("versions", {})

@@ -64,9 +64,15 @@ def install(*ids: str) -> None:
             state.generation += 1
             state.status, state.reason = PENDING, f"waiting for `import {patch.trigger}`"
             to_hook.append((patch, state.generation))
-    # Outside our lock: the hook fires right here if the module is already loaded.
-    for patch, generation in to_hook:
-        hooks.when_imported(patch.trigger, _make_hook(patch.id, generation))
+
+    # Outside our lock (and outside the first fill's, which holds it: REGISTRY.after_fill): the hook fires
+    # right here if the module is already loaded, possibly still executing in another thread.
+    def hook_triggers() -> None:
+        for patch, generation in to_hook:
+            hooks.when_imported(patch.trigger, _make_hook(patch.id, generation))
+
+    if not REGISTRY.after_fill(hook_triggers):
+        hook_triggers()
 
 
 def _make_hook(patch_id: str, generation: int) -> Callable[[ModuleType], None]:

@@ -51,6 +51,9 @@ class Registry:
         self._patches: dict[str, Patch] = {}
         self._states: dict[str, PatchState] = {}
         self._held: list[str] = []  # strict-mode failures a hold kept from raising where they happened
+        # work the fill asked for that must run once ``lock`` is released (see ``after_fill``)
+        self._filling = False
+        self._after_fill: list[Callable[[], None]] = []
 
     def fill_on_first_use(self, fill: Callable[[], None]) -> None:
         """Call ``fill()`` (once) before the registry is next read or added to."""
@@ -62,7 +65,23 @@ class Registry:
         with self.lock:
             fill, self._fill = self._fill, None
             if fill is not None:
-                fill()
+                self._filling = True
+                try:
+                    fill()
+                finally:
+                    self._filling = False
+        # Outside the lock: a post-import hook registered here fires at once for a module already in
+        # sys.modules, and waits for the thread still executing it, which may be waiting for our lock.
+        while self._after_fill:
+            self._after_fill.pop(0)()
+
+    def after_fill(self, work: Callable[[], None]) -> bool:
+        """While the registry is being filled (under ``lock``), keep ``work`` to run once the fill has
+        released the lock, and return True; otherwise return False (the caller runs it now)."""
+        if not self._filling:
+            return False
+        self._after_fill.append(work)
+        return True
 
     def __iter__(self) -> Iterator[str]:
         self._filled()
