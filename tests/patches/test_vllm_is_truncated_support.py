@@ -49,15 +49,7 @@ def _run(tmp_path, truncation):
         vllm_importance_sampling_mode="token_truncate",
         **truncation,
     )
-    batches = []
-    original = trainer._generate_and_score_completions
-
-    def recording(*args, **kwargs):
-        batch = original(*args, **kwargs)
-        batches.append(batch)
-        return batch
-
-    trainer._generate_and_score_completions = recording
+    batches = grpo_run.spy_scored_batches(trainer)
     trainer.train()
     logged = next(e for e in trainer.state.log_history if "sampling/importance_sampling_ratio/mean" in e)
     return trainer, batches[0], logged

@@ -386,6 +386,20 @@ def spy_loss_inputs(trainer) -> list[dict]:
     return seen
 
 
+def spy_scored_batches(trainer) -> list[dict]:
+    """Record each batch ``_generate_and_score_completions`` returns (TRL >= 0.16)."""
+    batches: list[dict] = []
+    method = trainer._generate_and_score_completions
+
+    def spy(*args, **kwargs):
+        batch = method(*args, **kwargs)
+        batches.append(batch)
+        return batch
+
+    trainer._generate_and_score_completions = spy
+    return batches
+
+
 def spy_training_prompt_ids(trainer):
     """Record the (unpadded) prompt ids TRL >= 0.15 computes the loss on; None on 0.14 (inline)."""
     name = "_generate_and_score_completions" if hasattr(trainer, "_generate_and_score_completions") else "_prepare_inputs"

@@ -98,15 +98,7 @@ def _run(tmp_path):
     outputs: list = []
     with float32_engine(outputs):
         trainer = grpo_run.make_trainer(tmp_path, model=path, use_vllm=True, steps=1, temperature=TEMPERATURE)
-    batches = []
-    original = trainer._generate_and_score_completions
-
-    def recording(*args, **kwargs):
-        batch = original(*args, **kwargs)
-        batches.append(batch)
-        return batch
-
-    trainer._generate_and_score_completions = recording
+    batches = grpo_run.spy_scored_batches(trainer)
     trainer.train()
     assert grpo_run.finite_losses(trainer.state.log_history)
     llm = grpo_run.trainer_llm(trainer)
