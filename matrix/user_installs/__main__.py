@@ -9,7 +9,9 @@ release costs a row each."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import fcntl
 import json
 import os
 import pathlib
@@ -35,6 +37,27 @@ ENV = {
     "TOKENIZERS_PARALLELISM": "false",
     "OMP_NUM_THREADS": "1",
 }
+
+
+def load_kept() -> dict:
+    return {(r["trl"], r["date_kind"]): r for r in json.loads(RESULTS.read_text())} if RESULTS.exists() else {}
+
+
+@contextlib.contextmanager
+def results_lock():
+    """Two sweeps may run side by side (``--dates today`` and ``--dates month-end``): each write
+    re-reads the kept results under a lock and adds its own row, so neither loses the other's."""
+    with open(RESULTS.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def keep(result: dict) -> dict:
+    with results_lock():
+        kept = load_kept()
+        kept[(result["trl"], result["date_kind"])] = result
+        RESULTS.write_text(json.dumps(sorted(kept.values(), key=lambda r: (r["trl"], r["date_kind"])), indent=1) + "\n")
+    return kept
 
 
 def check(venv: pathlib.Path, compat: bool = False, hide: list[str] | None = None) -> dict:
@@ -94,7 +117,7 @@ def main() -> int:
     parser.add_argument("--work", type=pathlib.Path, default=None, help="venvs and the download cache (default: a temp dir)")
     args = parser.parse_args()
     today = datetime.date.fromisoformat(args.today)
-    kept = {(r["trl"], r["date_kind"]): r for r in json.loads(RESULTS.read_text())} if RESULTS.exists() else {}
+    kept = load_kept()
     wanted = releases.rows(today, only=args.only.split(",") if args.only else None)
     todo = [r for r in wanted if args.dates in ("both", r["date_kind"]) and not (args.missing and (r["trl"], r["date_kind"]) in kept)]
     if args.recheck_imports:
@@ -110,8 +133,7 @@ def main() -> int:
     for i, row in enumerate(todo, 1):
         t0 = time.monotonic()
         result = recheck_imports(row, work, cache) if args.recheck_imports else do_row(row, work, cache)
-        kept[(row["trl"], row["date_kind"])] = result
-        RESULTS.write_text(json.dumps(sorted(kept.values(), key=lambda r: (r["trl"], r["date_kind"])), indent=1) + "\n")
+        kept = keep(result)
         print(f"[{i}/{len(todo)}] {row['trl']} {row['date']}: {time.monotonic() - t0:.0f} s", flush=True)
     results = [kept.get((r["trl"], r["date_kind"]), r) for r in wanted]
     table.write(OUTPUT, results, today.isoformat(), time.monotonic() - started)
