@@ -75,6 +75,15 @@ def check(venv: pathlib.Path, compat: bool = False, hide: list[str] | None = Non
     return json.loads(rows[-1])
 
 
+def needs_recheck(row: dict) -> bool:
+    """A row written before the plain import said where it failed (``site``) or before the
+    hidden-module checks (``needs_unchecked``)."""
+    plain = row.get("plain")
+    if not plain:
+        return False
+    return "needs_unchecked" in row or (plain.get("import") != "ok" and "site" not in plain)
+
+
 def recheck_imports(row: dict, work: pathlib.Path, cache: pathlib.Path) -> dict:
     """A kept row's import checks again (the plain import and each undeclared module hidden), its
     training results kept: for rows written before those checks said what they say now."""
@@ -124,7 +133,7 @@ def main() -> int:
         todo = [
             kept[(r["trl"], r["date_kind"])]
             for r in todo
-            if (r["trl"], r["date_kind"]) in kept and "plain" in kept[(r["trl"], r["date_kind"])]
+            if (r["trl"], r["date_kind"]) in kept and needs_recheck(kept[(r["trl"], r["date_kind"])])
         ]
     work = args.work or pathlib.Path(tempfile.mkdtemp(prefix="user-installs-"))
     cache = work / "cache"
