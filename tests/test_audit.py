@@ -70,14 +70,16 @@ def test_trl_0_22_1_scale_rewards_and_none_reward_baseline_fixed(audit_json):
     assert "scale-rewards-swapped: " in text and "none-reward-baseline: " in text
 
 
-def _trainer(tmp_path, **kwargs):
+def _trainer(tmp_path, options=None, **kwargs):
     pytest.importorskip("torch")
     from trl import GRPOTrainer
 
     import grpo_run
     import tiny
 
-    args, _ = grpo_run.make_config(os.path.join(tmp_path, "out"), steps=1)
+    args, dropped = grpo_run.make_config(os.path.join(tmp_path, "out"), steps=1, **(options or {}))
+    if set(dropped) & set(options or {}):
+        pytest.skip(f"TRL {TRL}'s GRPOConfig has no {sorted(set(dropped) & set(options))}")
     return GRPOTrainer(
         model=tiny.save_tiny(os.path.join(tmp_path, "tiny-qwen2"), "qwen2"),
         reward_funcs=[tiny.varying_reward],
@@ -132,3 +134,20 @@ def test_a_run_without_the_trigger_is_not_warned(tmp_path, caplog, fresh_warning
     with caplog.at_level(logging.WARNING, logger="trl_compat"):
         _trainer(tmp_path)
     assert _ledger_warnings(caplog) == []
+
+
+@pytest.mark.skipif(TRL is None, reason="needs TRL")
+def test_a_run_that_turns_on_paged_generation_is_warned(tmp_path, caplog, fresh_warnings):
+    """An option the trainer's construction shows (``use_transformers_paged``): the run is warned of
+    each unfixed bug behind it, and only where the ledger's window holds this TRL."""
+    from trl_compat.ledger import runtime
+
+    with caplog.at_level(logging.WARNING, logger="trl_compat"):
+        _trainer(tmp_path, options={"use_transformers_paged": True})
+    expected = [r["id"] for r in runtime.warnings_for({"paged"})]
+    assert _logged_ids(caplog) == expected
+    paged = {r["id"] for r in runtime.warnings_for({"paged"}) if r["option"] == "use_transformers_paged"}
+    # trl#4348 (0.20 - 0.24.x: continuous batching broken) and trl#5818 (0.20 - 1.4.x: inference tensors)
+    assert paged == {bug for bug, fixed_in in (("trl#4348", "0.25.0"), ("trl#5818", "1.5.0")) if TRL < Version(fixed_in)}
+    for message in _ledger_warnings(caplog):
+        assert "use_transformers_paged" in message

@@ -292,6 +292,58 @@ def test_run_conditions():
     assert runtime.run_conditions(types.SimpleNamespace(), None, {"peft_config": prefix}) == {"peft", "peft_prompt_learning"}
 
 
+def test_run_conditions_of_the_options_users_turn_on():
+    import types
+
+    from trl_compat.ledger import runtime
+
+    args = types.SimpleNamespace(
+        use_transformers_paged=True,
+        off_policy_mask_threshold=0.5,
+        beta=0.04,
+        num_generations_eval=1,
+        cast_lm_head_to_fp32=True,
+        torch_compile=True,
+        use_vllm=True,
+        vllm_mode="server",
+        vllm_guided_decoding_regex=r"\d+",
+    )
+    vlm = types.SimpleNamespace(config=types.SimpleNamespace(vision_config=object()), generation_config=object())
+    call = {"reward_funcs": ["some/reward-model", print]}
+    assert runtime.run_conditions(args, vlm, call) == {
+        "paged",
+        "opsm",
+        "kl",
+        "eval_one_generation",
+        "lm_head_fp32",
+        "torch_compile",
+        "vllm",
+        "vllm_server",
+        "structured_outputs",
+        "vlm",
+        "reward_model",
+    }
+    # what a plain text run with one reward function and the defaults meets: none of them
+    text = types.SimpleNamespace(config=types.SimpleNamespace(vision_config=None), generation_config=object())
+    defaults = types.SimpleNamespace(beta=0.0, off_policy_mask_threshold=None, num_generations_eval=None)
+    assert runtime.run_conditions(defaults, text, {"reward_funcs": print, "processing_class": object()}) == set()
+    # a processor with an image processor makes a VLM run; a model without generation_config is named
+    processor = types.SimpleNamespace(image_processor=object())
+    bare = types.SimpleNamespace(config=types.SimpleNamespace(), generation_config=None)
+    assert runtime.run_conditions(defaults, bare, {"processing_class": processor}) == {"vlm", "no_generation_config"}
+
+
+def test_every_opt_in_record_is_matched_at_run_time_or_says_why_not():
+    """An opt-in record's ``when`` names the option, so that a run that turns it on is warned; the
+    records left without one are those whose option a trainer's construction cannot see."""
+    from trl_compat import ledger
+
+    no_condition = {r["change"] for r in ledger.read_records() if ledger.verdict_kind(r["verdict"]) == "opt-in" and not r["when"]}
+    # reward functions returning None: known only once rewards are computed; TRL's CLI scripts: the
+    # crash comes before any trainer is built
+    assert no_condition == {"87fbb831d", "e2eaa2334", "1.12.0..1.13.0:trl/trainer/utils.py#1"}
+
+
 def test_runtime_warns_for_an_unfixed_bug_whose_conditions_the_run_meets(stack, caplog):
     import logging
 
@@ -323,3 +375,10 @@ def test_cli_audit_without_trl(capsys, stack):
     stack()
     assert main(["audit", "--json", "--strict"]) == 0
     assert json.loads(capsys.readouterr().out)["bugs"] == []
+
+
+def test_every_condition_reads_in_a_sentence():
+    from trl_compat import ledger
+    from trl_compat.ledger import audit
+
+    assert set(audit.CONDITION_TEXT) == set(ledger.CONDITIONS)

@@ -50,6 +50,17 @@ CONDITIONS = (
     "vllm_colocate",
     "vllm_sleep",
     "multi_gpu",
+    # the options a user turns on that the opt-in records need
+    "vlm",  # a vision-language model or processor
+    "paged",  # use_transformers_paged
+    "opsm",  # off_policy_mask_threshold (DeepSeek's off-policy sequence mask)
+    "kl",  # beta > 0: a reference model
+    "reward_model",  # a reward model among the reward functions
+    "torch_compile",
+    "structured_outputs",  # vLLM's regex-constrained decoding
+    "eval_one_generation",  # num_generations_eval=1
+    "lm_head_fp32",  # cast_lm_head_to_fp32
+    "no_generation_config",  # a model without a generation_config
 )
 
 Record = dict[str, str]

@@ -51,6 +51,16 @@ CONDITION_TEXT = {
     "vllm_colocate": "vLLM colocate mode",
     "vllm_sleep": "vllm_enable_sleep_mode",
     "multi_gpu": "several processes",
+    "vlm": "a vision-language model",
+    "paged": "use_transformers_paged",
+    "opsm": "off_policy_mask_threshold",
+    "kl": "beta > 0",
+    "reward_model": "a reward model",
+    "torch_compile": "torch_compile",
+    "structured_outputs": "vLLM structured outputs",
+    "eval_one_generation": "num_generations_eval=1",
+    "lm_head_fp32": "cast_lm_head_to_fp32",
+    "no_generation_config": "a model without generation_config",
 }
 
 

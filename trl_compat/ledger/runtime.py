@@ -2,10 +2,12 @@
 does not fix and that applies to this run, naming what ends it.
 
 A static audit (``trl-compat audit``) sees the installed versions only; whether a bug bites also
-depends on the run: ZeRO-3, FSDP, PEFT, liger, tools, vLLM's mode and sleep mode, several processes
-(the ledger's ``when`` column, :data:`trl_compat.ledger.CONDITIONS`). Here the bugs of the audit that
-trl_compat leaves unfixed and that have such conditions are matched against the run's, read from the
-trainer's arguments, its model, and the arguments TRL's ``GRPOTrainer.__init__`` was called with.
+depends on the run: ZeRO-3, FSDP, PEFT, liger, tools, vLLM's mode and sleep mode, several processes,
+and the options users turn on that the ledger's opt-in records need (a vision-language model, paged
+generation, OPSM, a reward model, ...: the ledger's ``when`` column,
+:data:`trl_compat.ledger.CONDITIONS`). Here the bugs of the audit that trl_compat leaves unfixed and
+that have such conditions are matched against the run's, read from the trainer's arguments, its
+model, and the arguments TRL's ``GRPOTrainer.__init__`` was called with.
 A bug without conditions is not repeated here: the audit names it.
 
 Called by trl_compat's training callback when the trainer's ``__init__`` ends (the one place where
@@ -41,7 +43,17 @@ def trainer_call() -> dict[str, Any]:
 def run_conditions(args: Any, model: Any = None, call: dict[str, Any] | None = None) -> set[str]:
     """The :data:`~trl_compat.ledger.CONDITIONS` this run meets."""
     call = call or {}
-    trainer = call.get("self")
+    model = model if model is not None else call.get("model")
+    return (
+        _parallel_conditions(args, call.get("self"))
+        | _peft_conditions(_peft_configs(model, call.get("peft_config")))
+        | _generation_conditions(args, call)
+        | _model_conditions(args, model, call)
+        | _loss_conditions(args, call)
+    )
+
+
+def _parallel_conditions(args: Any, trainer: Any) -> set[str]:
     found = set()
     if _zero3(args, trainer):
         found.add("zero3")
@@ -49,10 +61,13 @@ def run_conditions(args: Any, model: Any = None, call: dict[str, Any] | None = N
         found.add("deepspeed")
     if getattr(args, "fsdp", None) or getattr(trainer, "is_fsdp_enabled", False):
         found.add("fsdp")
-    model = model if model is not None else call.get("model")
-    peft_configs = _peft_configs(model, call.get("peft_config"))
-    if peft_configs:
-        found.add("peft")
+    if (getattr(args, "world_size", 1) or 1) > 1:
+        found.add("multi_gpu")
+    return found
+
+
+def _peft_conditions(peft_configs: list[Any]) -> set[str]:
+    found = {"peft"} if peft_configs else set()
     for config in peft_configs:
         if getattr(config, "use_dora", False):
             found.add("dora")
@@ -62,18 +77,57 @@ def run_conditions(args: Any, model: Any = None, call: dict[str, Any] | None = N
             found.add("peft_lm_head")
         if getattr(config, "is_prompt_learning", False):
             found.add("peft_prompt_learning")
-    if getattr(args, "use_liger_kernel", False) or getattr(args, "use_liger_loss", False):
-        found.add("liger")
+    return found
+
+
+def _generation_conditions(args: Any, call: dict[str, Any]) -> set[str]:
+    found = set()
     if call.get("tools") or call.get("environment_factory"):
         found.add("tools")
+    if getattr(args, "use_transformers_paged", False):
+        found.add("paged")
     if getattr(args, "use_vllm", False):
         found.add("vllm")
         mode = getattr(args, "vllm_mode", None) or ("server" if hasattr(args, "vllm_server_host") else "colocate")
         found.add("vllm_server" if mode == "server" else "vllm_colocate")
         if getattr(args, "vllm_enable_sleep_mode", False):
             found.add("vllm_sleep")
-    if (getattr(args, "world_size", 1) or 1) > 1:
-        found.add("multi_gpu")
+    # the option's name moved: vllm_guided_decoding_regex (TRL < 0.23), vllm_structured_outputs_regex
+    if getattr(args, "vllm_structured_outputs_regex", None) or getattr(args, "vllm_guided_decoding_regex", None):
+        found.add("structured_outputs")
+    if getattr(args, "num_generations_eval", None) == 1:
+        found.add("eval_one_generation")
+    return found
+
+
+def _model_conditions(args: Any, model: Any, call: dict[str, Any]) -> set[str]:
+    found = set()
+    config = getattr(model, "config", None)
+    processor = call.get("processing_class")
+    if getattr(config, "vision_config", None) is not None or getattr(processor, "image_processor", None) is not None:
+        found.add("vlm")
+    if getattr(args, "torch_compile", False) or hasattr(model, "_orig_mod"):
+        found.add("torch_compile")
+    if config is not None and getattr(model, "generation_config", None) is None:
+        found.add("no_generation_config")
+    if getattr(args, "cast_lm_head_to_fp32", False):
+        found.add("lm_head_fp32")
+    if getattr(args, "use_liger_kernel", False) or getattr(args, "use_liger_loss", False):
+        found.add("liger")
+    return found
+
+
+def _loss_conditions(args: Any, call: dict[str, Any]) -> set[str]:
+    found = set()
+    if getattr(args, "beta", 0) or 0:
+        found.add("kl")
+    if getattr(args, "off_policy_mask_threshold", None) is not None:
+        found.add("opsm")
+    reward_funcs = call.get("reward_funcs")
+    reward_funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    # a reward model is named by its id or passed as a model; a reward function is a plain callable
+    if any(isinstance(f, str) or hasattr(f, "config") for f in reward_funcs if f is not None):
+        found.add("reward_model")
     return found
 
 
