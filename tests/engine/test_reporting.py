@@ -9,6 +9,8 @@ from trl_compat import _engine as engine
 
 import pytest
 
+from cells import engine_cells
+
 
 def _prefixing(original):
     def wrapper(*args, **kwargs):
@@ -66,6 +68,7 @@ def test_status_and_applied_follow_the_report(fake_pkg, make_patch):
     assert {r.id: r.status for r in trl_compat.report()}[patch.id] == trl_compat.APPLIED
 
 
+@engine_cells
 def test_cli_json_and_table(fresh_cli):
     data, table = fresh_cli
     stack = {"python", "torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "vllm"}
@@ -83,6 +86,7 @@ def test_cli_json_and_table(fresh_cli):
         assert rec["id"] in table
 
 
+@engine_cells
 def test_cli_counts_line_and_applied_rows_first(fresh_cli):
     data, table = fresh_cli
     statuses = [rec["status"] for rec in data["patches"]]

@@ -7,6 +7,7 @@ torch = pytest.importorskip("torch")
 from trl_compat._helpers.models import peel
 
 import tiny
+from cells import engine_cells
 
 
 def stand_in(name, inner):
@@ -22,6 +23,7 @@ def model():
     return tiny.make_model("qwen2")
 
 
+@engine_cells  # torch.compile's first call imports dynamo: 5 - 14 s a cell, the same torch in every cell
 def test_peels_compile_and_data_parallel(model):
     assert peel(torch.nn.DataParallel(model)) is model
     assert peel(torch.compile(model)) is model  # compiles lazily: nothing is compiled here

@@ -32,6 +32,7 @@ from trl_compat._helpers import vllm_sync
 from trl_compat._helpers.models import peel
 
 import tiny
+from cells import only_in_cells
 from workers import child_env
 
 LORA_ID, MERGED_ID = "vllm-lora-names", "vllm-merged-weights"
@@ -849,6 +850,15 @@ def _zero3_worker(out_path):
 
 
 @needs_peft
+@only_in_cells(
+    "trl0.15.2-tf4.48.3",
+    "trl0.24.0-tf4.57.1",
+    "trl1.0.0-tf4.57.6-ds0.19.2",
+    "trl1.9.2-tf5.14.1-ds0.19.3",
+    "trl-newest",
+    # trl0.15.2-tf4.52.4 has trl0.15.2-tf4.48.3's DeepSpeed, trl0.19.1-tf5.23.0 trl-newest's stack
+    why="one per DeepSpeed and peft release of the default run",
+)
 def test_zero3_two_ranks(tmp_path):
     import json
     import subprocess
