@@ -57,6 +57,7 @@ import functools
 import sys
 
 from trl_compat._engine import needed, not_needed, undecided
+from trl_compat._helpers.arguments import arguments
 from trl_compat._helpers.source import code, defining_class
 
 METHOD = "_sync_fsdp_params_to_vllm"
@@ -172,9 +173,10 @@ def sync_fsdp2(trainer, module) -> None:
 def _make_sync(original):
     @functools.wraps(original)
     def _sync_fsdp_params_to_vllm(self, *args, **kwargs):
+        passed = arguments(original, self, *args, **kwargs)
         # TRL's recursive calls pass prefix/visited: only the top call can be the whole model
-        top = (len(args) == 1 and not kwargs) or (not args and set(kwargs) == {"module"})
-        module = args[0] if args else kwargs.get("module")
+        top = set(passed) == {"self", "module"}
+        module = passed.get("module")
         if top and fsdp2_sharded(module):
             sync_fsdp2(self, module)
             return None
@@ -186,8 +188,9 @@ def _make_sync(original):
 def _make_fsdp2_sync(original):
     @functools.wraps(original)
     def _sync_fsdp2_params_to_vllm(self, *args, **kwargs):
-        module = args[0] if args else kwargs.get("module")
-        if len(args) + len(kwargs) == 1 and _peft_prefix(module) is not None:
+        passed = arguments(original, self, *args, **kwargs)
+        module = passed.get("module")
+        if set(passed) == {"self", "module"} and _peft_prefix(module) is not None:
             sync_fsdp2(self, module)  # TRL merged the adapter before calling: base_layer holds W + BA
             return None
         return original(self, *args, **kwargs)

@@ -43,6 +43,7 @@ import numbers
 
 from trl_compat._engine import needed, undecided
 from trl_compat._helpers import logps_calls
+from trl_compat._helpers.arguments import arguments
 
 PATCH_ID = "logps-attention-mask"
 _KEEP = ("num_logits_to_keep", "logits_to_keep")
@@ -86,7 +87,7 @@ def _pre_hook(trainer, raw):
     def add_mask(module, args, kwargs):
         if kwargs.get("attention_mask") is not None or not logps_calls.called_from(raw):
             return None
-        input_ids = args[0] if args else kwargs.get("input_ids")
+        input_ids = arguments(module.forward, *args, **kwargs).get("input_ids")
         keep = next((kwargs[name] for name in _KEEP if name in kwargs), None)
         if input_ids is None or getattr(input_ids, "dim", lambda: 0)() != 2 or not isinstance(keep, numbers.Integral):
             return None

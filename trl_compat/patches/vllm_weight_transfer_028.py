@@ -58,6 +58,7 @@ from typing import Any, Callable
 
 from trl_compat._engine import guarded, hooks, needed, not_needed, undecided
 from trl_compat._engine.patch import SourceUnavailable
+from trl_compat._helpers.arguments import arguments
 from trl_compat._helpers.source import module_code
 
 PATCH_ID = "vllm-weight-transfer-0.28"
@@ -140,7 +141,7 @@ def as_posted_to_028(url: str, body: Any) -> Any:
 def posting_as_028(original):
     @functools.wraps(original)
     def _post(self, *args, **kwargs):
-        url = kwargs["url"] if "url" in kwargs else (args[0] if args else None)
+        url = arguments(original, self, *args, **kwargs).get("url")
         if "json" in kwargs:
             kwargs["json"] = as_posted_to_028(url, kwargs["json"])
         return original(self, *args, **kwargs)
