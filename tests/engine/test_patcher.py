@@ -82,3 +82,24 @@ def test_undo_leaves_a_value_someone_set_after_us(caplog):
         assert "was replaced after test-late-setter patched it" in caplog.text
     finally:
         del DescriptorsChild.static
+
+
+def test_instance_overrides_hold_for_the_block_and_put_back_exactly():
+    from trl_compat._engine import instance_overrides
+
+    class Module:
+        def state_dict(self):
+            return "class"
+
+    module = Module()
+    module.named_parameters = "own"  # an instance attribute already there comes back
+    with instance_overrides(module, state_dict=lambda: "block", named_parameters="block"):
+        assert module.state_dict() == "block" and module.named_parameters == "block"
+    assert module.state_dict() == "class" and "state_dict" not in vars(module)  # deleted, not set to the class's
+    assert module.named_parameters == "own"
+    try:
+        with instance_overrides(module, state_dict=lambda: "block"):
+            raise KeyError("the wrapped call raised")
+    except KeyError:
+        pass
+    assert "state_dict" not in vars(module)

@@ -54,7 +54,15 @@ if TYPE_CHECKING:
         not_needed,
         undecided,
     )
-    from trl_compat._engine.patcher import MARKER, AlreadyPatched, Patcher, UndeclaredChange, markers, raw_attribute
+    from trl_compat._engine.patcher import (
+        MARKER,
+        AlreadyPatched,
+        Patcher,
+        UndeclaredChange,
+        instance_overrides,
+        markers,
+        raw_attribute,
+    )
     from trl_compat._engine.reporting import UnknownPatchId, applied, report, status
     from trl_compat._engine.settings import strict
     from trl_compat._engine.settings import switch as switched_on
@@ -89,6 +97,7 @@ _LAZY = {
     "gate": ("versions", "gate"),
     "guarded": ("fallback", "guarded"),
     "install": ("lifecycle", "install"),
+    "instance_overrides": ("patcher", "instance_overrides"),
     "markers": ("patcher", "markers"),
     "needed": ("patch", "needed"),
     "not_needed": ("patch", "not_needed"),
@@ -133,6 +142,7 @@ __all__ = [
     "gate",
     "guarded",
     "install",
+    "instance_overrides",
     "markers",
     "needed",
     "not_needed",

@@ -5,6 +5,7 @@ patch's declared ``changes``, it refuses any other attribute (:class:`Undeclared
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from trl_compat._engine import logs, targets
@@ -144,3 +145,22 @@ def _qualified(owner: Any, name: str) -> str:
     if isinstance(owner, type(sys)):  # a module
         return f"{owner.__name__}.{name}"
     return f"{getattr(owner, '__module__', '?')}.{getattr(owner, '__qualname__', type(owner).__name__)}.{name}"
+
+
+@contextlib.contextmanager
+def instance_overrides(obj: Any, **attributes: Any):
+    """For the block only: ``attributes`` set on ``obj`` itself (over its class's), then exactly what
+    the instance held put back (a name it did not hold is deleted again). For a change that lives for
+    one call of a wrapper the Patcher set, which the Patcher's records (made at apply, undone at
+    revert) need not hold: it is gone when the call returns or raises."""
+    held = vars(obj)
+    saved = {name: held[name] for name in attributes if name in held}
+    held.update(attributes)
+    try:
+        yield obj
+    finally:
+        for name in attributes:
+            if name in saved:
+                held[name] = saved[name]
+            else:
+                held.pop(name, None)

@@ -37,12 +37,12 @@ import functools
 import inspect
 import sys
 
-from trl_compat._engine import needed, not_needed, undecided
+from trl_compat._engine import instance_overrides, needed, not_needed, undecided
+from trl_compat._helpers.arguments import arguments
 from trl_compat._helpers.source import code, defining_class
 
 SYNC = "_sync_fsdp2_params_to_vllm"  # 0.20 - 0.27 on GRPOTrainer, 0.28 - 1.10 on VLLMGeneration
 WALK = "_iter_fsdp2_params"  # 1.11+, VLLMGeneration
-_REPLACED = ("state_dict", "named_parameters")
 
 
 def target(module):
@@ -110,40 +110,23 @@ def plain_tensors_replicated(module):
         for name, param in cls.named_parameters(module, *args, **kwargs):
             yield name, replicated(param)
 
-    saved = {name: vars(module)[name] for name in _REPLACED if name in vars(module)}
-    vars(module).update(state_dict=state_dict, named_parameters=named_parameters)
-    try:
+    with instance_overrides(module, state_dict=state_dict, named_parameters=named_parameters):
         yield
-    finally:
-        for name in _REPLACED:
-            if name in saved:
-                vars(module)[name] = saved[name]
-            else:
-                vars(module).pop(name, None)
-
-
-def _module_of(signature, self, args, kwargs):
-    """The ``module`` argument, bound by name (TRL's private signatures change between releases)."""
-    try:
-        return signature.bind(self, *args, **kwargs).arguments.get("module")
-    except TypeError:
-        return None
 
 
 def _make_wrapper(original):
-    signature = inspect.signature(original)
     if inspect.isgeneratorfunction(inspect.unwrap(original)):
 
         @functools.wraps(original)
         def walk(self, *args, **kwargs):
-            with plain_tensors_replicated(_module_of(signature, self, args, kwargs)):
+            with plain_tensors_replicated(arguments(original, self, *args, **kwargs).get("module")):
                 yield from original(self, *args, **kwargs)
 
         return walk
 
     @functools.wraps(original)
     def sync(self, *args, **kwargs):
-        with plain_tensors_replicated(_module_of(signature, self, args, kwargs)):
+        with plain_tensors_replicated(arguments(original, self, *args, **kwargs).get("module")):
             return original(self, *args, **kwargs)
 
     return sync
