@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import importlib.util
 import json
 import math
 import pathlib
@@ -107,19 +108,30 @@ def hidden_import(modules: list[str]) -> None:
     print("ROW", json.dumps({"mode": "hidden", "import": "ok"}), flush=True)
 
 
+def import_grpo_run():
+    """The tests' GRPO runner. A user's stack has no pytest and grpo_run only subclasses its skip
+    exception: a stub stands in while grpo_run is imported, and only then (after TRL's import: some
+    libraries ask ``importlib.util.find_spec("pytest")``, which a stub without a spec breaks)."""
+    if importlib.util.find_spec("pytest") is not None:
+        import grpo_run
+
+        return grpo_run
+    stub = types.ModuleType("pytest")
+    stub.skip = types.SimpleNamespace(Exception=Exception)  # type: ignore[attr-defined]
+    sys.modules["pytest"] = stub
+    try:
+        import grpo_run
+    finally:
+        del sys.modules["pytest"]
+    return grpo_run
+
+
 def main() -> None:
     if "--hide" in sys.argv:
         return hidden_import(sys.argv[sys.argv.index("--hide") + 1].split(","))
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "support"))  # grpo_run, tiny
     compat = "--compat" in sys.argv
     row: dict = {"mode": "trl_compat" if compat else "plain"}
-    if "pytest" not in sys.modules:
-        try:
-            import pytest  # noqa: F401
-        except ImportError:  # a user's stack has no pytest; grpo_run only subclasses its skip exception
-            stub = types.ModuleType("pytest")
-            stub.skip = types.SimpleNamespace(Exception=Exception)  # type: ignore[attr-defined]
-            sys.modules["pytest"] = stub
     before = set(sys.modules)
     try:
         if compat:
@@ -132,7 +144,7 @@ def main() -> None:
         return
     row["import"] = "ok"
     row["undeclared"] = undeclared(before)
-    import grpo_run
+    grpo_run = import_grpo_run()
 
     for name, peft in (("full", False), ("lora", True)):
         try:

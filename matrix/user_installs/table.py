@@ -9,7 +9,8 @@ HEADER = """# Users' installs
 What `pip install trl==X peft` gives a user, for every TRL release from 0.14.0 to 1.16.0, resolved at
 two dates: the end of the release's month (what its users installed then) and {today} (what a user
 installing that pin gets now). Resolved with `uv pip install --exclude-newer DATE`, torch the CPU wheel
-2.13.0 (not of that date: the only torch here), nothing else; trl_compat added without its
+2.13.0 (not of that date: the only torch here; a requirement of its own that the date cannot meet is
+taken as of the run, and the row says so), nothing else; trl_compat added without its
 dependencies. In each: `from trl import GRPOTrainer`, then 2 GRPO steps on the tiny model, full and
 with LoRA, plain and with `import trl_compat` first. Written by `python matrix/user_installs`
 (60 - 150 s a row on 2 cores; matrix/README.md, "Users' installs"); rows not run yet say so.
@@ -101,6 +102,12 @@ def summary(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _exempt(row: dict) -> str:
+    """The torch wheel's own requirements taken as of the run, where the date had none it accepts."""
+    names = row.get("exempt_from_date") or []
+    return f"; {', '.join(names)} as of the run (the CPU torch's requirement)" if names else ""
+
+
 def write(path, results: list[dict], today: str, seconds: float) -> None:
     results = sorted(results, key=lambda r: (Version(r["trl"]), r["date"]))
     text = HEADER.format(today=today, summary=summary(results))
@@ -113,7 +120,7 @@ def write(path, results: list[dict], today: str, seconds: float) -> None:
             middle = f"{_cell(r.get('plain'), r)} | {_cell(r.get('trl_compat'))} | "
         compat = r.get("trl_compat") or {}
         text += (
-            f"| {r['trl']} | {r['date']} ({r['date_kind']}) | {v.get('transformers', '')} | {v.get('peft', '')} | "
+            f"| {r['trl']} | {r['date']} ({r['date_kind']}){_exempt(r)} | {v.get('transformers', '')} | {v.get('peft', '')} | "
             f"{v.get('datasets', '')} | {v.get('requests', 'absent') if v else ''} | {middle}"
             f"{', '.join(compat.get('applied', []))} | {_needs(r)} |\n"
         )
