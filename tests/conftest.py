@@ -79,6 +79,7 @@ STACK_FREE = (
     "tests/engine/test_windows.py",
     "tests/guard/test_guard_units.py",
     "tests/guard/test_floors.py",
+    "tests/helpers/test_arguments.py",
     "tests/helpers/test_source.py",
     "tests/helpers/test_zero3.py",
     "tests/test_release.py",
