@@ -18,7 +18,7 @@ from packaging.version import Version
 
 pytest.importorskip("torch")  # grpo_run builds torch models: not in the notrl cell
 
-from fake_http import JsonResponse
+from fake_http import packed_server_client as server_client
 from grpo_run import LORA_TARGETS, make_trainer
 from versions import installed
 
@@ -28,7 +28,6 @@ IN_WINDOW = TRL is not None and TRL >= Version("1.11.0")
 in_window = pytest.mark.skipif(
     not (IN_WINDOW and VLLM and PEFT), reason="TRL >= 1.11 (server mode's packed sync) with vllm (the stand-in) and peft"
 )
-BASE = "http://server:8000"
 
 
 @pytest.mark.skipif(TRL is None or VLLM is None, reason="needs trl and vllm")
@@ -37,25 +36,6 @@ def test_the_probe_reads_trls_walk():
 
     verdict = vllm_packed_lora_sync.probe(grpo)
     assert verdict.needed is IN_WINDOW, verdict
-
-
-class RecordingSession:
-    """The server's HTTP side: every request answered 200."""
-
-    def post(self, url, **kwargs):
-        return JsonResponse({"success": True})
-
-
-def server_client(monkeypatch):
-    """TRL's real ``VLLMClient`` without a server; its weight-transfer group the stand-in's recorder."""
-    from trl.generation.vllm_client import VLLMClient
-    from vllm.distributed.weight_transfer._recorder import TrainerGroup
-
-    monkeypatch.setattr("atexit.register", lambda function: None)
-    client = VLLMClient.__new__(VLLMClient)  # __init__ would wait for a server
-    client.base_url, client.session, client._updating_weights = BASE, RecordingSession(), False
-    client.communicator = TrainerGroup({})
-    return client
 
 
 def vllm_name(name):
