@@ -8,6 +8,7 @@ what it is given until the generator is exhausted and only then reads it. What t
 is compared with the merged weights (W + B A scaling, read while the adapter is merged).
 """
 
+import contextlib
 import os
 
 import trl_compat
@@ -83,11 +84,14 @@ def adapted(names):
 
 
 @in_window
-def test_server_receives_the_merged_weights(trained, monkeypatch):
+@pytest.mark.parametrize("drift_patch", ["on", "off"])
+def test_server_receives_the_merged_weights(trained, monkeypatch, unpatched, drift_patch):
+    """With vllm-lora-merge-drift (fresh tensors, this patch's walk not called) and without it (this patch's copies)."""
     import torch
 
     assert trl_compat.status(PATCH_ID) == trl_compat.APPLIED, trl_compat.report()
-    sent, merged, base = server_sync(trained, monkeypatch)
+    with unpatched("vllm-lora-merge-drift") if drift_patch == "off" else contextlib.nullcontext():
+        sent, merged, base = server_sync(trained, monkeypatch)
     assert sorted(sent) == sorted(merged)
     assert [n for n in sent if not torch.equal(sent[n], merged[n])] == []  # merged, by value
     # the run trained the adapter: the merged weights are not the base ones where LoRA acts
@@ -100,7 +104,9 @@ def test_server_receives_the_merged_weights(trained, monkeypatch):
 def test_unpatched_server_receives_the_base_weights(trained, monkeypatch, unpatched):
     import torch
 
-    with unpatched(PATCH_ID):
+    # vllm-lora-merge-drift, above this patch, yields fresh merged tensors and never calls the walk
+    # below it: both off, TRL's own walk
+    with unpatched("vllm-lora-merge-drift"), unpatched(PATCH_ID):
         sent, merged, base = server_sync(trained, monkeypatch)
     differing = sorted(n for n in sent if not torch.equal(sent[n], merged[n]))
     # every LoRA-targeted weight was read after TRL's in-place unmerge: W + BA - BA, the base weights
