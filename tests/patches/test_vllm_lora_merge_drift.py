@@ -38,7 +38,8 @@ def test_the_probe_reads_trls_walk():
     import trl.trainer.grpo_trainer as grpo
 
     verdict = vllm_lora_merge_drift.probe(grpo)
-    assert verdict.needed is IN_WINDOW, verdict
+    # before 1.11 the merge is elsewhere in the sync (not covered: the gate keeps those releases out)
+    assert verdict.needed is (True if IN_WINDOW else None), verdict
 
 
 WALK = """
