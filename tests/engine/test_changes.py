@@ -190,3 +190,11 @@ def test_the_grpo_trainer_init_patches_stack_in_registry_order():
     ]
     assert derived == declaring
     assert [pid for pid in (p.id for p in engine.registry()) if pid in derived] == derived
+
+
+def test_the_lora_walk_patches_stack_with_the_out_of_place_merge_outermost():
+    """vllm-lora-merge-drift wraps TRL >= 1.11's walk above vllm-packed-lora-sync: where it merges out
+    of place it yields fresh tensors and does not call the walk below (whose copies are then not needed);
+    where it leaves the sync to TRL (ZeRO-3, FSDP, a structure it does not know), the copies still run."""
+    walk = "trl.generation.vllm_generation:VLLMGeneration._iter_named_params"
+    assert engine.stacking(walk) == ["vllm-packed-lora-sync", "vllm-lora-merge-drift"]

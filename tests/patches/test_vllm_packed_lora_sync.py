@@ -8,6 +8,7 @@ what it is given until the generator is exhausted and only then reads it. What t
 is compared with the merged weights (W + B A scaling, read while the adapter is merged).
 """
 
+import contextlib
 import os
 
 import trl_compat
@@ -18,7 +19,7 @@ from packaging.version import Version
 
 pytest.importorskip("torch")  # grpo_run builds torch models: not in the notrl cell
 
-from fake_http import JsonResponse
+from fake_http import packed_server_client as server_client
 from grpo_run import LORA_TARGETS, make_trainer
 from versions import installed
 
@@ -28,7 +29,6 @@ IN_WINDOW = TRL is not None and TRL >= Version("1.11.0")
 in_window = pytest.mark.skipif(
     not (IN_WINDOW and VLLM and PEFT), reason="TRL >= 1.11 (server mode's packed sync) with vllm (the stand-in) and peft"
 )
-BASE = "http://server:8000"
 
 
 @pytest.mark.skipif(TRL is None or VLLM is None, reason="needs trl and vllm")
@@ -37,25 +37,6 @@ def test_the_probe_reads_trls_walk():
 
     verdict = vllm_packed_lora_sync.probe(grpo)
     assert verdict.needed is IN_WINDOW, verdict
-
-
-class RecordingSession:
-    """The server's HTTP side: every request answered 200."""
-
-    def post(self, url, **kwargs):
-        return JsonResponse({"success": True})
-
-
-def server_client(monkeypatch):
-    """TRL's real ``VLLMClient`` without a server; its weight-transfer group the stand-in's recorder."""
-    from trl.generation.vllm_client import VLLMClient
-    from vllm.distributed.weight_transfer._recorder import TrainerGroup
-
-    monkeypatch.setattr("atexit.register", lambda function: None)
-    client = VLLMClient.__new__(VLLMClient)  # __init__ would wait for a server
-    client.base_url, client.session, client._updating_weights = BASE, RecordingSession(), False
-    client.communicator = TrainerGroup({})
-    return client
 
 
 def vllm_name(name):
@@ -103,11 +84,14 @@ def adapted(names):
 
 
 @in_window
-def test_server_receives_the_merged_weights(trained, monkeypatch):
+@pytest.mark.parametrize("drift_patch", ["on", "off"])
+def test_server_receives_the_merged_weights(trained, monkeypatch, unpatched, drift_patch):
+    """With vllm-lora-merge-drift (fresh tensors, this patch's walk not called) and without it (this patch's copies)."""
     import torch
 
     assert trl_compat.status(PATCH_ID) == trl_compat.APPLIED, trl_compat.report()
-    sent, merged, base = server_sync(trained, monkeypatch)
+    with unpatched("vllm-lora-merge-drift") if drift_patch == "off" else contextlib.nullcontext():
+        sent, merged, base = server_sync(trained, monkeypatch)
     assert sorted(sent) == sorted(merged)
     assert [n for n in sent if not torch.equal(sent[n], merged[n])] == []  # merged, by value
     # the run trained the adapter: the merged weights are not the base ones where LoRA acts
@@ -120,7 +104,9 @@ def test_server_receives_the_merged_weights(trained, monkeypatch):
 def test_unpatched_server_receives_the_base_weights(trained, monkeypatch, unpatched):
     import torch
 
-    with unpatched(PATCH_ID):
+    # vllm-lora-merge-drift, above this patch, yields fresh merged tensors and never calls the walk
+    # below it: both off, TRL's own walk
+    with unpatched("vllm-lora-merge-drift"), unpatched(PATCH_ID):
         sent, merged, base = server_sync(trained, monkeypatch)
     differing = sorted(n for n in sent if not torch.equal(sent[n], merged[n]))
     # every LoRA-targeted weight was read after TRL's in-place unmerge: W + BA - BA, the base weights

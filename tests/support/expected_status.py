@@ -431,11 +431,13 @@ APPLIED = {
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
         "vllm-packed-lora-sync",
+        "vllm-lora-merge-drift",
     },
     "trl-newest": {
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
         "vllm-packed-lora-sync",
+        "vllm-lora-merge-drift",
     },
     # the real-vLLM cell (matrix/vllm_cpu/): one venv (transformers 4.51.3, peft 0.15.2, no deepspeed),
     # one report per TRL release swapped in

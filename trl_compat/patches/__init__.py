@@ -501,6 +501,26 @@ PATCHES = [
         witnesses={"trl": {"inside": ["1.11.0.dev0", "1.11.0", "1.12.0", "1.16.0"], "outside": ["1.10.0"]}},
         remove_when="a TRL release streams copies of the merged LoRA weights to the server and older releases are no longer supported",
     ),
+    # vllm-lora-merge-drift wraps the walk above vllm-packed-lora-sync: where it merges out of place it
+    # yields fresh tensors in server mode and does not call the walk below (whose copies it makes
+    # unneeded); under ZeRO-3, FSDP or an unknown model structure it calls it, copies and all
+    Patch(
+        id="vllm-lora-merge-drift",
+        summary="LoRA + use_vllm: send vLLM merged weights computed out of place instead of merging the adapter "
+        "into the live weights and unmerging it (TRL >= 1.11's walk)",
+        symptom="silent: the frozen bf16/fp16 base weights drift by rounding at every weight sync, accumulating over the run",
+        upstream="https://github.com/huggingface/trl/issues/6688 (open): not fixed upstream",
+        fixed_in={},
+        changes=("trl.generation.vllm_generation:VLLMGeneration._iter_named_params",),
+        # the in-place merge dates from 0.15.0 (vllm-merged-weights replaces 0.15.0's walk); the walk this
+        # patch covers is PR #6765's (1.11.0): 0.15.1 - 1.10 are not patched (ledger record open:6688)
+        requires={"trl": affected("1.11.0"), "vllm": ">=0", "peft": ">=0.0.dev0"},
+        witnesses={"trl": {"inside": ["1.11.0.dev0", "1.11.0", "1.12.0", "1.16.0"], "outside": ["1.10.0", "1.9.2", "0.29.1"]}},
+        remove_when=(
+            "a TRL release no longer merges the LoRA adapter into the live weights for the vLLM sync (issue #6688) "
+            "and older releases are no longer supported"
+        ),
+    ),
     # vllm-sleep-mode-weights wraps __init__ only to register the engine after TRL built it
     # (tools-empty-list-template, registered later, stacks above: each acts after TRL's __init__ on
     # attributes the other never reads), and vLLM's LLM methods, which no other patch changes

@@ -1,7 +1,8 @@
 """One way to push a training model's weights into a colocated vLLM engine.
 
 Used by the ``vllm-lora-names`` (TRL 0.14.0) and ``vllm-merged-weights`` (TRL 0.15.0)
-patches instead of TRL's own sync. vLLM receives exactly what ``state_dict()`` of a plain
+patches instead of TRL's own sync (``vllm-lora-merge-drift``, TRL >= 1.11, keeps TRL's walk and
+takes only the merged values: ``params``). vLLM receives exactly what ``state_dict()`` of a plain
 model of the base architecture would hold, the adapter merged in:
 
 * base names: no ``base_model.model.`` prefix, no ``.base_layer``, no ``_orig_mod.`` /
@@ -29,18 +30,23 @@ own code (anything else).
 Modules: ``structure`` (which module sends what: the plan), ``merge`` (the merged tensors),
 ``fold`` (when ``merge`` may scale B instead of ``B @ A``: the same bits), ``stream`` (the plan
 walked into ``load_weights``, gathered under ZeRO-3 through :mod:`trl_compat._helpers.zero3`; the
-in-place fallback), ``trainer`` (what the patches install).
+in-place fallback), ``params`` (the merged value of each parameter, for a walk that keeps TRL's own
+names: ``vllm-lora-merge-drift``), ``trainer`` (what the patches install).
 No torch/peft/deepspeed import at module level: ``import trl_compat`` stays light.
 """
 
 from __future__ import annotations
 
+from trl_compat._helpers.vllm_sync.merge import Workspace
+from trl_compat._helpers.vllm_sync.params import MergedParameters
 from trl_compat._helpers.vllm_sync.stream import iter_vllm_weights, push_to_vllm
 from trl_compat._helpers.vllm_sync.structure import UnsupportedModel
 from trl_compat._helpers.vllm_sync.trainer import make_move_model_to_vllm, make_presync, sync_trainer, vllm_model_of
 
 __all__ = [
+    "MergedParameters",
     "UnsupportedModel",
+    "Workspace",
     "iter_vllm_weights",
     "make_move_model_to_vllm",
     "make_presync",
