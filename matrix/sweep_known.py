@@ -127,4 +127,7 @@ KNOWN = {
     # PR #4845 (c6e3d2696, 0.28.0) imports requests.adapters and urllib3 at the top of trl/generation/vllm_client.py;
     # ledger record 1.14.1..1.14.2 (wheel diff): 1.14.2 imports them only where requests is installed
     "requests-optional": lambda v, vs: _v(vs, "requests") is None and V("0.28.0") <= v < V("1.14.2"),
+    # ledger record 1.15.0..1.16.0#3 (wheel diff); the reference reloaded for every non-PEFT run since PR #3575 (0.19.0),
+    # through create_model_from_path (the call the patch corrects) since PR #4577 (2af35fb0d, 0.26.0)
+    "ref-model-like-policy": lambda v, vs: V("0.26.0") <= v < V("1.16.0"),
 }

@@ -187,6 +187,7 @@ def test_the_grpo_trainer_init_patches_stack_in_registry_order():
         "zero3-peft-mixed-dtype",
         "peft-zero3-gc-reentrant",
         "reward-func-partial-name",  # only names the reward functions passed in: any place would do
+        "ref-model-like-policy",  # only notes the trainer being built, for its create_model_from_path wrapper
     ]
     assert derived == declaring
     assert [pid for pid in (p.id for p in engine.registry()) if pid in derived] == derived

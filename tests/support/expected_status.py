@@ -275,6 +275,7 @@ APPLIED = {
         "vllm-serve-raw-logprobs",
         "vllm-sleep-mode-weights",
         "fsdp2-ignored-params-sync",
+        "ref-model-like-policy",
     },
     # vLLM (stand-in) 0.14.0; the first release with the generation-config fix
     "trl0.26.2-tf4.57.3": {
@@ -291,6 +292,7 @@ APPLIED = {
         "vllm-serve-raw-logprobs",
         "vllm-sleep-mode-weights",
         "fsdp2-ignored-params-sync",
+        "ref-model-like-policy",
     },
     # TRL 0.27.1 on transformers 5.1.0 (peft 0.18.1, no vLLM, no deepspeed): the last release that sets warnings_issued
     # transformers 5: TRL 0.28 takes tools=[...]
@@ -303,6 +305,7 @@ APPLIED = {
         "reward-func-partial-name",
         "tool-iterations-zero",
         "transformers5-warnings-issued",
+        "ref-model-like-policy",
     },
     "trl0.28.0-tf4.57.6": {
         "dapo-generation-batch-normalizer",
@@ -318,6 +321,7 @@ APPLIED = {
         "vllm-sleep-mode-weights",
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
+        "ref-model-like-policy",
     },
     "trl0.28.0-tf5.2.0": {
         "dapo-generation-batch-normalizer",
@@ -334,6 +338,7 @@ APPLIED = {
         "vllm-sleep-mode-weights",
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
+        "ref-model-like-policy",
     },
     "trl0.29.1-tf4.57.6": {
         "dapo-generation-batch-normalizer",
@@ -349,6 +354,7 @@ APPLIED = {
         "vllm-sleep-mode-weights",
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
+        "ref-model-like-policy",
     },
     "trl0.29.1-tf5.2.0": {
         "dapo-generation-batch-normalizer",
@@ -365,6 +371,7 @@ APPLIED = {
         "vllm-sleep-mode-weights",
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
+        "ref-model-like-policy",
     },
     # TRL 1.x: stand-in vLLM 0.17.1 / 0.18.0 / 0.25.1 / 0.26.0 / 0.28.0; DeepSpeed 0.19.2 / 0.19.1 / 0.19.3 / - / -
     "trl1.0.0-tf4.57.6-ds0.19.2": {
@@ -383,6 +390,7 @@ APPLIED = {
         "zero3-peft-mixed-dtype",
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
+        "ref-model-like-policy",
     },
     "trl1.4.0-tf5.5.4-ds0.19.1": {
         "dapo-generation-batch-normalizer",
@@ -400,6 +408,7 @@ APPLIED = {
         "zero3-hooks-trace",
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
+        "ref-model-like-policy",
     },
     "trl1.9.2-tf5.14.1-ds0.19.3": {
         "generation-eos-ids",
@@ -409,6 +418,7 @@ APPLIED = {
         "entropy-coef-normalizer",
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
+        "ref-model-like-policy",
     },
     # a user's install of 1.9.2 resolved today: no requests, no vLLM, no DeepSpeed
     "trl1.9.2-tf5.24.0-user": {
@@ -417,12 +427,14 @@ APPLIED = {
         "luspo-unmasked-loss",
         "entropy-coef-normalizer",
         "requests-optional",
+        "ref-model-like-policy",
     },
     "trl1.10.0-tf5.14.1": {
         "generation-eos-ids",
         "tool-loop-server-generations",
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
+        "ref-model-like-policy",
     },
     "trl1.12.0-tf5.16.1": {
         "generation-eos-ids",
@@ -432,6 +444,7 @@ APPLIED = {
         "fsdp2-ignored-params-sync",
         "vllm-packed-lora-sync",
         "vllm-lora-merge-drift",
+        "ref-model-like-policy",
     },
     "trl-newest": {
         "vllm-is-truncated-support",
@@ -564,6 +577,7 @@ APPLIED = {
         "vllm-sleep-mode-weights",
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
+        "ref-model-like-policy",
     },
 }
 

@@ -1348,6 +1348,28 @@ PATCHES = [
         fixed_in={"trl": "1.10.0"},
         remove_when="TRL < 1.10.0 is no longer supported",
     ),
+    # -- the reference model (TRL 0.26 - 1.15) ----------------------------------------------------------
+    # its GRPOTrainer.__init__ wrapper only notes the trainer being built: its place among the others does not matter
+    Patch(
+        id="ref-model-like-policy",
+        summary="beta > 0: the reference model is loaded in the policy's dtype and attention implementation, as TRL 1.16.0",
+        symptom="silent: beta > 0 with a model passed in bf16 (or its own attn_implementation): a float32 (default-attention) "
+        "reference; the KL term is not zero at the first step and pulls towards the unrounded weights",
+        upstream="TRL's grpo_trainer.py, changed between the 1.15.0 and 1.16.0 wheels (fixed in 1.16.0); the reference is "
+        "reloaded for every non-PEFT run since PR #3575 (0.19.0), through create_model_from_path since PR #4577 (0.26.0)",
+        fixed_in={"trl": "1.16.0"},
+        changes=("GRPOTrainer.__init__", "create_model_from_path"),
+        # PR #4577 (2af35fb0d, 0.26.0.dev0) brought the create_model_from_path line this patch corrects; 0.19 - 0.25 load
+        # the reference with from_pretrained (not patched); 1.16.0 sets the two defaults, read by the probe
+        requires={"trl": affected("0.26.0", "1.16.0")},
+        witnesses={
+            "trl": {
+                "inside": ["0.26.0.dev0", "0.26.0", "0.27.1", "0.29.1", "1.0.0", "1.9.2", "1.15.0", "1.16.0.dev0"],
+                "outside": ["0.20.0", "0.25.1", "1.16.0"],
+            }
+        },
+        remove_when="trl_compat no longer supports TRL 0.26.0 - 1.15.x",
+    ),
 ]
 
 
