@@ -190,3 +190,21 @@ def test_the_grpo_trainer_init_patches_stack_in_registry_order():
     ]
     assert derived == declaring
     assert [pid for pid in (p.id for p in engine.registry()) if pid in derived] == derived
+
+
+LOSS = f"{GRPO_MODULE}:GRPOTrainer._compute_loss"
+
+
+def test_the_compute_loss_patches_stack_in_registry_order():
+    """The patches that wrap GRPOTrainer._compute_loss, innermost first. Each acts on its own calls (dapo/cispo/vespo,
+    luspo, the entropy bonus of dapo/cispo/vespo, beta != 0 at the sequence level) and changes only what it declares
+    for the duration of TRL's call: kl-bias-correction-sequence, outermost, sets attributes none of the others reads."""
+    declaring = [p.id for p in PATCHES if LOSS in [c if ":" in c else f"{p.trigger}:{c}" for c in p.changes]]
+    derived = engine.stacking(LOSS)
+    assert derived == [
+        "dapo-generation-batch-normalizer",
+        "luspo-unmasked-loss",
+        "entropy-coef-normalizer",  # reads the normaliser through dapo-generation-batch-normalizer's rescaled_inputs
+        "kl-bias-correction-sequence",
+    ]
+    assert derived == declaring
