@@ -11,7 +11,8 @@
   sequence ratio ``c_b = exp(mean_t DELTA)``, the k3 KL ``exp(GAMMA) - GAMMA - 1`` multiplied by
   ``exp(DELTA)`` (PR #7188, the fix) or by ``c_b`` (TRL's line). The patched loss and its gradient equal
   the first, the unpatched ones the second, and the two differ. The token level is the same with and
-  without the patch (and by hand). The attributes the fix swaps are back after the call; the probe on the
+  without the patch (and by hand). With ``loss_type="luspo"`` (TRL 0.28+; luspo-unmasked-loss stacked below
+  on 0.28 - 1.9) the loss is TRL 1.10.0's luspo aggregate of the per-token-corrected KL. The attributes the fix swaps are back after the call; the probe on the
   cell's TRL and on code written here.
 """
 
@@ -107,7 +108,7 @@ def _trl_loss(trainer, inputs, level):
     return float(loss), grad, values[0], mask
 
 
-def _by_hand(trainer, logps, mask, level, kl_ratio):
+def _by_hand(trainer, logps, mask, level, kl_ratio, aggregate="grpo"):
     """The grpo loss and its gradient by hand; ``kl_ratio``: "token" (the fix) or "policy" (TRL's coef_1)."""
     delta, gamma, advantages = _patterns(mask)
     p = logps.clone().requires_grad_(True)
@@ -123,7 +124,10 @@ def _by_hand(trainer, logps, mask, level, kl_ratio):
     k3 = torch.exp(ref - p) - (ref - p) - 1
     kl = k3 * (torch.exp(log_ratio) if kl_ratio == "token" else coef_1)
     per_token = policy + BETA * kl
-    loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    if aggregate == "luspo":  # TRL 1.10.0's line (luspo-unmasked-loss before it)
+        loss = (per_token * mask).sum(-1).mean()
+    else:
+        loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     (grad,) = torch.autograd.grad(loss, p)
     return float(loss), grad
 
@@ -156,6 +160,23 @@ def test_the_kl_is_multiplied_by_the_per_token_ratio(step):
     # restored after the call
     assert type(trainer.beta) is float and trainer.beta == BETA and trainer.args.use_bias_correction_kl is True
     assert kbc.LOGPS not in vars(trainer)
+
+
+@pytest.mark.skipif(TRL is None or TRL < Version("0.28.0"), reason=f"TRL {TRL}: no luspo loss before 0.28.0")
+def test_stacked_with_the_luspo_loss(step):
+    """loss_type="luspo" (luspo-unmasked-loss below this patch on TRL 0.28 - 1.9): both fixes hold in one call."""
+    trainer, inputs = step
+    trainer.loss_type = "luspo"
+    try:
+        loss, grad, logps, mask = _trl_loss(trainer, inputs, "sequence")
+    finally:
+        trainer.loss_type = "grpo"
+    fixed_loss, fixed_grad = _by_hand(trainer, logps, mask, "sequence", "token", aggregate="luspo")
+    buggy_loss = _by_hand(trainer, logps, mask, "sequence", "policy", aggregate="luspo")[0]
+    print(f"luspo, sequence level, patched loss {loss:.7f}: per-token by hand {fixed_loss:.7f}, coef_1 by hand {buggy_loss:.7f}")
+    assert loss == pytest.approx(fixed_loss, rel=1e-5)
+    torch.testing.assert_close(grad, fixed_grad, rtol=1e-4, atol=1e-7)
+    assert abs(fixed_loss - buggy_loss) > 1e-4
 
 
 @needs_trl
