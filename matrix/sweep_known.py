@@ -64,6 +64,8 @@ KNOWN = {
     "vllm-packed-lora-sync": lambda v, vs: _v(vs, "vllm") is not None and _v(vs, "peft") is not None and v >= V("1.11.0"),
     # open upstream (TRL #6688): the LoRA walk merges and unmerges in place; covered from 1.11's walk on
     "vllm-lora-merge-drift": lambda v, vs: _v(vs, "vllm") is not None and _v(vs, "peft") is not None and v >= V("1.11.0"),
+    # open upstream (TRL #6586): use_bias_correction_kl (PR #4638, 0.26.0) multiplies the KL by the sequence ratio
+    "kl-bias-correction-sequence": lambda v, vs: v >= V("0.26.0"),
     # fixed in 1.10.0 (PR #5313's _llm_weights_sleeping)
     "vllm-sleep-mode-weights": lambda v, vs: _v(vs, "vllm") is not None and v >= V("0.25.0") and _fixed_in(v, "1.10.0", "1.10.0"),
     "scale-rewards-swapped": lambda v, vs: V("0.22.0") <= v and _fixed_in(v, "0.22.2", "0.23.0"),

@@ -199,3 +199,21 @@ def test_the_lora_walk_patches_stack_with_the_out_of_place_merge_outermost():
     where it leaves the sync to TRL (ZeRO-3, FSDP, a structure it does not know), the copies still run."""
     walk = "trl.generation.vllm_generation:VLLMGeneration._iter_named_params"
     assert engine.stacking(walk) == ["vllm-packed-lora-sync", "vllm-lora-merge-drift"]
+
+
+LOSS = f"{GRPO_MODULE}:GRPOTrainer._compute_loss"
+
+
+def test_the_compute_loss_patches_stack_in_registry_order():
+    """The patches that wrap GRPOTrainer._compute_loss, innermost first. Each acts on its own calls (dapo/cispo/vespo,
+    luspo, the entropy bonus of dapo/cispo/vespo, beta != 0 at the sequence level) and changes only what it declares
+    for the duration of TRL's call: kl-bias-correction-sequence, outermost, sets attributes none of the others reads."""
+    declaring = [p.id for p in PATCHES if LOSS in [c if ":" in c else f"{p.trigger}:{c}" for c in p.changes]]
+    derived = engine.stacking(LOSS)
+    assert derived == [
+        "dapo-generation-batch-normalizer",
+        "luspo-unmasked-loss",
+        "entropy-coef-normalizer",  # reads the normaliser through dapo-generation-batch-normalizer's rescaled_inputs
+        "kl-bias-correction-sequence",
+    ]
+    assert derived == declaring

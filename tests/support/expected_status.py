@@ -260,6 +260,7 @@ APPLIED = {
     },
     # vLLM (stand-in) 0.11.2: before vllm-guided-decoding-import's 0.12
     "trl0.26.0-tf4.57.3": {
+        "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "eval-before-train-ga",
@@ -279,6 +280,7 @@ APPLIED = {
     },
     # vLLM (stand-in) 0.14.0; the first release with the generation-config fix
     "trl0.26.2-tf4.57.3": {
+        "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "eval-before-train-ga",
@@ -297,6 +299,7 @@ APPLIED = {
     # TRL 0.27.1 on transformers 5.1.0 (peft 0.18.1, no vLLM, no deepspeed): the last release that sets warnings_issued
     # transformers 5: TRL 0.28 takes tools=[...]
     "trl0.27.1-tf5.1.0": {
+        "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "generation-eos-ids",
@@ -308,6 +311,7 @@ APPLIED = {
         "ref-model-like-policy",
     },
     "trl0.28.0-tf4.57.6": {
+        "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "generation-eos-ids",
@@ -324,6 +328,7 @@ APPLIED = {
         "ref-model-like-policy",
     },
     "trl0.28.0-tf5.2.0": {
+        "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "generation-eos-ids",
@@ -341,6 +346,7 @@ APPLIED = {
         "ref-model-like-policy",
     },
     "trl0.29.1-tf4.57.6": {
+        "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "environment-prompt-mutation",
@@ -357,6 +363,7 @@ APPLIED = {
         "ref-model-like-policy",
     },
     "trl0.29.1-tf5.2.0": {
+        "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "environment-prompt-mutation",
@@ -375,6 +382,7 @@ APPLIED = {
     },
     # TRL 1.x: stand-in vLLM 0.17.1 / 0.18.0 / 0.25.1 / 0.26.0 / 0.28.0; DeepSpeed 0.19.2 / 0.19.1 / 0.19.3 / - / -
     "trl1.0.0-tf4.57.6-ds0.19.2": {
+        "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "environment-prompt-mutation",
@@ -393,6 +401,7 @@ APPLIED = {
         "ref-model-like-policy",
     },
     "trl1.4.0-tf5.5.4-ds0.19.1": {
+        "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "environment-prompt-mutation",
@@ -411,6 +420,7 @@ APPLIED = {
         "ref-model-like-policy",
     },
     "trl1.9.2-tf5.14.1-ds0.19.3": {
+        "kl-bias-correction-sequence",
         "generation-eos-ids",
         "tool-loop-server-generations",
         "luspo-unmasked-loss",
@@ -422,6 +432,7 @@ APPLIED = {
     },
     # a user's install of 1.9.2 resolved today: no requests, no vLLM, no DeepSpeed
     "trl1.9.2-tf5.24.0-user": {
+        "kl-bias-correction-sequence",
         "generation-eos-ids",
         "tool-loop-server-generations",
         "luspo-unmasked-loss",
@@ -430,6 +441,7 @@ APPLIED = {
         "ref-model-like-policy",
     },
     "trl1.10.0-tf5.14.1": {
+        "kl-bias-correction-sequence",
         "generation-eos-ids",
         "tool-loop-server-generations",
         "vllm-is-truncated-support",
@@ -437,6 +449,7 @@ APPLIED = {
         "ref-model-like-policy",
     },
     "trl1.12.0-tf5.16.1": {
+        "kl-bias-correction-sequence",
         "generation-eos-ids",
         "vllm-weight-transfer-0.28",
         "tool-loop-server-generations",
@@ -447,6 +460,7 @@ APPLIED = {
         "ref-model-like-policy",
     },
     "trl-newest": {
+        "kl-bias-correction-sequence",
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
         "vllm-packed-lora-sync",
@@ -564,6 +578,7 @@ APPLIED = {
     # the real vLLM 0.17.1 env (matrix/vllm_cpu/lock-0.17.txt): transformers 4.57.6, peft 0.18.1, no deepspeed; the
     # trl1.0.0-tf4.57.6-ds0.19.2 cell's statuses but its two DeepSpeed patches
     "vllm-cpu-real-0.17-trl1.0.0": {
+        "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
         "environment-prompt-mutation",

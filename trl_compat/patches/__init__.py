@@ -1370,6 +1370,31 @@ PATCHES = [
         },
         remove_when="trl_compat no longer supports TRL 0.26.0 - 1.15.x",
     ),
+    # -- the KL term (TRL 0.26+) ---------------------------------------------------------------------------
+    # Open upstream: no release has fixed it, so the window stays open and the probe watches for the fix.
+    # kl-bias-correction-sequence wraps _compute_loss outermost: for the duration of TRL's call it sets
+    # use_bias_correction_kl, beta and an instance-level spy on the log-prob method, which none of the wrappers
+    # below reads or changes (dapo-generation-batch-normalizer hands TRL a copy of the inputs with the same
+    # old_per_token_logps; entropy-coef-normalizer's spy calls this one's): they stack in any order.
+    Patch(
+        id="kl-bias-correction-sequence",
+        summary="use_bias_correction_kl with importance_sampling_level='sequence': the KL is multiplied by the per-token "
+        "ratio, as PR #7188",
+        symptom="silent: beta != 0 with importance_sampling_level='sequence': the KL gets the sequence ratio, a spurious "
+        "gradient term (sum of the KL) * grad mean log pi",
+        upstream="https://github.com/huggingface/trl/issues/6586 (open; PR #7188 open, PR #6594 closed unmerged)",
+        fixed_in={},
+        must_exist="GRPOTrainer._compute_loss",
+        changes=("GRPOTrainer._compute_loss",),
+        # introduced by PR #4638 (f7d4985a7, 0.26.0.dev0: main before it has no use_bias_correction_kl, "not needed");
+        # the default since 1.10.0 (PR #6503); the wheels of 0.26.0 - 1.16.0 hold the same lines
+        requires={"trl": affected("0.26.0")},
+        witnesses={"trl": {"inside": ["0.26.0.dev0", "0.26.0", "0.29.1", "1.0.0", "1.10.0", "1.16.0"], "outside": ["0.25.1"]}},
+        remove_when=(
+            "a TRL release multiplies the KL by the per-token importance-sampling ratio (issue #6586) and older "
+            "releases are no longer supported"
+        ),
+    ),
 ]
 
 
