@@ -3,28 +3,36 @@ magnitude vectors to bf16 with the adapter weights, where the optimizer's small 
 magnitudes silently stay frozen.
 
 The bug
-    TRL 0.26.0 (``2af35fb0d``, PR #4577) to 1.14.x cast every trainable parameter of a quantized model
-    to bf16 in ``GRPOTrainer.__init__`` (``param.data = param.data.to(torch.bfloat16)``, QLoRA's
-    recipe). DoRA's ``lora_magnitude_vector`` is trainable too: its entries are row norms of the
-    weights, where bf16's spacing is far above an Adam step at the usual learning rates (1e-6 - 1e-5),
-    so each update rounds back to the same value and the magnitude never moves. No error, no warning.
-    Upstream: TRL issue #7268, fixed in 1.15.0 (the magnitude vector is left out of the cast).
-    TRL 0.14 - 0.25 cast in another place (``peft_module_casting_to_bf16`` with ``bf16=True``), which
-    this patch does not reach: its window starts at 0.26.0, and the upstream ledger says so.
+    PR #4577 ("Clean up model preparation", main-branch commit ``2af35fb0d``, first released in 0.26.0)
+    replaced ``prepare_peft_model`` in ``GRPOTrainer.__init__`` by TRL's own steps, among them QLoRA's
+    recipe: on a model with ``is_loaded_in_4bit``/``is_loaded_in_8bit``, every trainable parameter is
+    cast to bf16 (``param.data = param.data.to(torch.bfloat16)``). DoRA's ``lora_magnitude_vector`` is
+    trainable too: its entries are row norms of the weights, where bf16's spacing (2**-8 to 2**-7 of
+    the value) is far above an Adam step at GRPO's usual learning rates (1e-6 - 1e-5), so each update
+    rounds back to the same value and the magnitude never moves. No error, no warning.
+    Before PR #4577 nothing cast a trainable parameter to bf16: ``prepare_peft_model``'s
+    ``peft_module_casting_to_bf16`` (0.22 - 0.25, with ``bf16=True``) casts only norm layers (to fp32)
+    and the embeddings and LM head (to bf16), and peft makes the magnitudes fp32.
+    Upstream: TRL issue #7268, fixed in 1.15.0. The fix is read from the 1.14.2 and 1.15.0 wheels (the
+    ledger's record ``1.14.2..1.15.0:trl/trainer/grpo_trainer.py#2``; its PR and main-branch commit are
+    not in the history the ledger reads): the cast loop iterates ``named_parameters()`` and skips names
+    containing ``lora_magnitude_vector``.
 
 How the probe recognises it
     ``GRPOTrainer.__init__`` (comments dropped) names ``lora_magnitude_vector``: not needed (the fixed
-    cast). It casts trainable parameters with ``param.data = param.data.to(torch.bfloat16)`` under
-    ``is_loaded_in_4bit``: needed. Neither: undecided (a cast this patch does not know).
+    cast, 1.15.0 on). It casts nothing to bf16 at all: not needed (the releases and main-branch builds
+    before PR #4577). It casts trainable parameters with ``param.data = param.data.to(torch.bfloat16)``
+    and reads ``is_loaded_in_4bit``: needed. Otherwise (a bf16 cast in a form this patch does not
+    know): undecided.
 
 The fix
     ``GRPOTrainer.__init__`` is wrapped (``_helpers.trainer_init``). Before TRL's ``__init__``, the
     magnitude vectors of the model passed in (a ``PeftModel`` with DoRA) are kept as they are; after
     it, on a 4/8-bit model, each trainable magnitude vector that TRL cast to bf16 gets its kept value
-    back (the very tensor: exactly what TRL 1.15 leaves), or, where TRL made the adapter itself
-    (``peft_config``), is cast to float32, peft's adapter dtype: its start value then carries the
-    bf16 rounding of the cast (at most 2**-9 relative), but it trains. The LoRA A/B weights stay in
-    bf16, as in TRL 1.15.
+    back (the very tensor, on the parameter's device: exactly what TRL 1.15 leaves), or, where TRL made
+    the adapter itself (``peft_config``), is cast to float32, peft's adapter dtype: its start value
+    then carries the bf16 rounding of the cast (at most 2**-8 relative), but it trains. A magnitude
+    that was bf16 before TRL's ``__init__`` stays so. The LoRA A/B weights stay in bf16, as in TRL 1.15.
 
 Run time: load-bearing: errors propagate. What the wrapper restores is the fix itself: falling back to
 TRL's cast on an error would be the bug, unnoticed (``trl_compat._engine.guarded``).
@@ -50,6 +58,8 @@ def probe(module):
     body = code(module.GRPOTrainer.__init__)
     if MAGNITUDE in body:
         return not_needed("GRPOTrainer leaves the DoRA magnitude vectors out of its bf16 cast")
+    if "bfloat16" not in body:
+        return not_needed("GRPOTrainer.__init__ casts no parameter to bf16")
     if _CAST in body and _QUANTIZED in body:
         return needed(
             "GRPOTrainer casts every trainable parameter of a 4/8-bit model to bf16, DoRA's magnitude vectors "
@@ -84,7 +94,7 @@ def restore(model, kept: dict) -> int:
         if original is None:  # made inside TRL's __init__ (peft_config): peft's adapter dtype
             param.data = param.data.float()
         elif original.dtype != torch.bfloat16:
-            param.data = original
+            param.data = original.to(device=param.device)
         else:  # bf16 before TRL's cast already (the user's, or zero3-peft-mixed-dtype's): nothing to undo
             continue
         restored += 1
