@@ -1,14 +1,15 @@
 """dora-magnitude-bf16: QLoRA + DoRA, the magnitude vectors cast to bf16 by GRPOTrainer (TRL 0.26.0 - 1.14.x;
 fixed in 1.15.0).
 
-No bitsandbytes on the CPU: a tiny model gets ``is_loaded_in_4bit = True`` by hand (as TRL's own QLoRA
-tests do), then DoRA on q/v, as a PeftModel passed in or as a ``peft_config``; learning rate 1e-5 (an
-ordinary one for GRPO).
+No bitsandbytes on the CPU: a tiny model gets ``is_loaded_in_4bit = True`` by hand (the flag is all TRL's
+cast reads), then DoRA on q/v, as a PeftModel passed in or as a ``peft_config``; learning rate 1e-5 (an
+ordinary one for GRPO), 3 steps.
 
 * Affected cells, without the patch: after ``GRPOTrainer(...)`` the magnitude vectors are bf16 and a
-  real GRPO run leaves them bit for bit as they were, while the LoRA B weights move.
+  real GRPO run leaves them bit for bit as they were (largest change 0), while the LoRA B weights,
+  bf16 too but starting at 0, move (about 2e-5).
 * With it: the magnitude vectors passed in are the very fp32 values again (a peft_config's: fp32),
-  and the same run changes them.
+  and the same run moves every one of them (about 2e-5).
 * The probe on the cell's TRL and on code written here.
 """
 
