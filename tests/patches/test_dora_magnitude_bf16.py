@@ -10,6 +10,8 @@ ordinary one for GRPO), 3 steps.
   bf16 too but starting at 0, move (about 2e-5).
 * With it: the magnitude vectors passed in are the very fp32 values again (a peft_config's: fp32),
   and the same run moves every one of them (about 2e-5).
+* TRL 1.15.0 on (the patch not needed): TRL itself leaves the magnitude vectors passed in as the patch
+  leaves them, fp32 and the very values, the LoRA B weights bf16.
 * The probe on the cell's TRL and on code written here.
 """
 
@@ -175,3 +177,18 @@ def test_peft_config_magnitudes_train_with_patch(tmp_path):
     assert magnitudes and {p.dtype for p in magnitudes.values()} == {torch.float32}
     moved = train(trainer)
     assert all(moved[n] > 0.0 for n in magnitudes), moved
+
+
+@pytest.mark.skipif(TRL is None or TRL < Version("1.15.0"), reason=f"TRL 1.15.0 on, the fixed cast (here trl {TRL})")
+def test_the_fixed_release_leaves_the_magnitudes_as_the_patch_does(tmp_path):
+    import grpo_run
+
+    assert trl_compat.status(PATCH_ID) == trl_compat.NOT_NEEDED, trl_compat.report()
+    model = fake_4bit_dora_model()
+    before = {n: p.detach().clone() for n, p in named_magnitudes(model).items()}
+    trainer = grpo_run.make_trainer(tmp_path, model=model, steps=3, learning_rate=LEARNING_RATE)
+    magnitudes = named_magnitudes(trainer.model)
+    assert before and set(magnitudes) == set(before)
+    for name, param in magnitudes.items():
+        assert param.dtype == torch.float32 and torch.equal(param.detach(), before[name]), name
+    assert {p.dtype for n, p in trainer.model.named_parameters() if "lora_B" in n} == {torch.bfloat16}
