@@ -79,6 +79,8 @@ KNOWN = {
     "entropy-mask-gather-hang": lambda v, vs: V("0.21.0") <= v and _fixed_in(v, "0.23.1", "0.24.0"),
     "qlora-peftmodel-frozen": lambda v, vs: V("0.22.0") <= v and _fixed_in(v, "0.23.1", "0.24.0"),
     "qlora-config-rebuild": lambda v, vs: _v(vs, "peft") is not None and V("0.22.0") <= v < V("0.23.0"),
+    # PR #4577's bf16 cast of a 4/8-bit model's adapters (0.26.0) until issue #7268's fix (1.15.0); earlier: no cast
+    "dora-magnitude-bf16": lambda v, vs: _v(vs, "peft") is not None and V("0.26.0") <= v < V("1.15.0"),
     # DeepSpeed 0.19.2 only (0.19.3 fixed it); TRL 1.7 fixed its peft_config path, a PeftModel passed in: every TRL
     "zero3-peft-mixed-dtype": lambda v, vs: (
         _v(vs, "peft") is not None and V("0.19.2") <= (_v(vs, "deepspeed") or V("0")) < V("0.19.3")

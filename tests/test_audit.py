@@ -5,8 +5,9 @@
 * TRL 0.22.1 (its cell): ``scale-rewards-swapped`` and the biased baseline of reward functions
   that return None (``none-reward-baseline``, TRL #5902, fixed in 1.6.0) are fixed (the patches applied).
 * A GRPOTrainer built with a DoRA ``peft_config`` logs one WARNING per unfixed bug whose
-  conditions the run meets (TRL 0.14.0 - 1.14.x: the DoRA magnitude frozen by bf16 rounding,
-  fixed in 1.15.0); the same trainer with plain LoRA, or without PEFT, logs none of DoRA's.
+  conditions the run meets: the DoRA magnitude frozen by bf16 rounding (TRL 0.26.0 - 1.14.x, fixed
+  in 1.15.0) once ``dora-magnitude-bf16`` is reverted, none while it is applied; the same trainer
+  with plain LoRA, or without PEFT, logs none of DoRA's.
 """
 
 import json
@@ -106,13 +107,14 @@ def _logged_ids(caplog):
     return [m.split("known TRL bug ", 1)[1].split(" ", 1)[0] for m in _ledger_warnings(caplog)]
 
 
-DORA_BUG = "1.15.0:grpo_trainer.py#2"
+DORA_PATCH = "dora-magnitude-bf16"
+DORA_WINDOW = TRL is not None and Version("0.26.0") <= TRL < Version("1.15.0")
 needs_peft = pytest.mark.skipif(TRL is None or installed("peft") is None, reason="needs TRL and peft")
 
 
 @needs_peft
 @pytest.mark.parametrize("use_dora", [True, False], ids=["dora", "lora"])
-def test_a_run_is_warned_of_the_unfixed_bugs_it_meets(tmp_path, caplog, fresh_warnings, use_dora):
+def test_a_run_is_warned_of_the_unfixed_bugs_it_meets(tmp_path, caplog, fresh_warnings, unpatched, use_dora):
     from trl_compat.ledger import runtime
 
     from peft import LoraConfig
@@ -123,11 +125,18 @@ def test_a_run_is_warned_of_the_unfixed_bugs_it_meets(tmp_path, caplog, fresh_wa
     # after the build: the patches of TRL's GRPO module have their statuses now
     expected = [r["id"] for r in runtime.warnings_for({"peft", "dora"} if use_dora else {"peft"})]
     assert _logged_ids(caplog) == expected
-    dora_window = Version("0.14.0") <= TRL < Version("1.15.0")
-    assert (DORA_BUG in expected) == (use_dora and dora_window)
-    if use_dora and dora_window:
-        [message] = [m for m in _ledger_warnings(caplog) if DORA_BUG in m]
-        assert "DoRA" in message and "use_dora" in message and "fixed in TRL 1.15.0" in message
+    assert DORA_PATCH not in expected  # fixed here where it applies
+    if not (use_dora and DORA_WINDOW):
+        return
+    # the patch reverted: the same run meets the bug, unfixed
+    runtime._warned.clear()
+    caplog.clear()
+    with unpatched(DORA_PATCH), caplog.at_level(logging.WARNING, logger="trl_compat"):
+        _trainer(tmp_path / "unpatched", peft_config=config)
+        expected = [r["id"] for r in runtime.warnings_for({"peft", "dora"})]
+    assert DORA_PATCH in expected and _logged_ids(caplog) == expected
+    [message] = [m for m in _ledger_warnings(caplog) if DORA_PATCH in m]
+    assert "DoRA" in message and "use_dora" in message and "TRL 1.15.0" in message
 
 
 @pytest.mark.skipif(TRL is None, reason="needs TRL")

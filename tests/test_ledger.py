@@ -229,7 +229,12 @@ def test_audit_trl_0_22_1(stack):
     assert "vllm-double-bos" not in rows  # needs vLLM installed
     assert "trl#5891" in rows and "liger" in rows["trl#5891"]["when"]
     assert "scale-rewards-swapped" not in {r["id"] for r in _audit_at(stack, "0.23.1")}
-    assert "1.15.0:grpo_trainer.py#2" in rows  # a wheel change: DoRA magnitude frozen, fixed in 1.15.0
+    assert "1.15.0:grpo_trainer.py#3" in rows  # a wheel change: DataParallel replicas, fixed in 1.15.0
+    # a patched bug read from the wheels: its registry entry's window (PR #4577's cast, 0.26.0 on), no gap below it
+    assert not any(i.startswith("dora-magnitude-bf16") for i in rows)
+    stack(trl="1.14.2", peft="0.18.1")
+    assert "dora-magnitude-bf16" in {r["id"] for r in audit.audit({})["bugs"]}
+    assert "dora-magnitude-bf16" not in {r["id"] for r in _audit_at(stack, "1.14.2")}  # without peft: no DoRA
 
 
 def _audit_at(stack, trl):

@@ -184,6 +184,7 @@ def test_the_grpo_trainer_init_patches_stack_in_registry_order():
         "prompt-right-truncation",
         "generation-eos-ids",  # after TRL's __init__, sets TRL's own generation config (TRL 0.24+)
         "scale-rewards-swapped",
+        "dora-magnitude-bf16",  # after TRL's __init__, undoes its bf16 cast of the DoRA magnitudes (TRL 0.26+)
         "zero3-peft-mixed-dtype",
         "peft-zero3-gc-reentrant",
         "reward-func-partial-name",  # only names the reward functions passed in: any place would do

@@ -980,6 +980,18 @@ PATCHES = [
         witnesses={"trl": {"inside": ["0.22.0", "0.22.2", "0.23.0.dev0"], "outside": ["0.21.0", "0.23.0"]}},
         remove_when="TRL 0.22.x is no longer supported",
     ),
+    Patch(
+        id="dora-magnitude-bf16",
+        summary="QLoRA + DoRA: give the DoRA magnitude vectors back the dtype TRL's bf16 cast of the adapters took",
+        symptom="silent: with a 4/8-bit model and use_dora=True the DoRA magnitude vectors never change (updates round away in bf16)",
+        upstream="https://github.com/huggingface/trl/issues/7268 (fixed in 1.15.0)",
+        fixed_in={"trl": "1.15.0"},
+        changes=("GRPOTrainer.__init__",),
+        # the cast came with PR #4577 (2af35fb0d, 0.26.0.dev0); TRL 0.14 - 0.25 cast elsewhere (peft_module_casting_to_bf16)
+        requires={"trl": affected("0.26.0", "1.15.0"), "peft": ">=0.0.dev0"},
+        witnesses={"trl": {"inside": ["0.26.0.dev0", "0.26.0", "1.0.0", "1.14.2", "1.15.0.dev0"], "outside": ["0.25.1", "1.15.0"]}},
+        remove_when="TRL 0.26.0 - 1.14.x are no longer supported",
+    ),
     # -- multi-process runs and DeepSpeed version breaks (TRL 0.2x) --------------------------------
     Patch(
         id="entropy-mask-gather-hang",
