@@ -27,12 +27,18 @@ from trl_compat.patches import kl_bias_correction_sequence as kbc
 
 from packaging.version import Version
 
+from cells import only_in_cells
 from versions import installed
 
 PID = "kl-bias-correction-sequence"
 TRL = installed("trl")
 BETA = 0.5
 
+# the real step (about 16 s a cell): the first release of the bug, luspo-unmasked-loss stacked below (1.9.2),
+# the newest; the lines the patch corrects are the same in every release between (the probe runs in each)
+by_value = only_in_cells(
+    "trl0.26.0-tf4.57.3", "trl1.9.2-tf5.14.1-ds0.19.3", "trl-newest", why="one real GRPO step per shape of the loss"
+)
 needs_trl = pytest.mark.skipif(TRL is None or TRL < Version("0.26.0"), reason=f"TRL {TRL}: no use_bias_correction_kl before 0.26.0")
 
 
@@ -133,6 +139,7 @@ def _by_hand(trainer, logps, mask, level, kl_ratio, aggregate="grpo"):
 
 
 @needs_trl
+@by_value
 def test_bug_without_the_patch_the_kl_gets_the_sequence_ratio(step, unpatched):
     trainer, inputs = step
     with unpatched(PID):
@@ -148,6 +155,7 @@ def test_bug_without_the_patch_the_kl_gets_the_sequence_ratio(step, unpatched):
 
 
 @needs_trl
+@by_value
 def test_the_kl_is_multiplied_by_the_per_token_ratio(step):
     trainer, inputs = step
     loss, grad, logps, mask = _trl_loss(trainer, inputs, "sequence")
@@ -163,6 +171,7 @@ def test_the_kl_is_multiplied_by_the_per_token_ratio(step):
 
 
 @pytest.mark.skipif(TRL is None or TRL < Version("0.28.0"), reason=f"TRL {TRL}: no luspo loss before 0.28.0")
+@by_value
 def test_stacked_with_the_luspo_loss(step):
     """loss_type="luspo" (luspo-unmasked-loss below this patch on TRL 0.28 - 1.9): both fixes hold in one call."""
     trainer, inputs = step
@@ -180,6 +189,7 @@ def test_stacked_with_the_luspo_loss(step):
 
 
 @needs_trl
+@by_value
 def test_the_token_level_is_unchanged(step, unpatched):
     trainer, inputs = step
     loss, grad, logps, mask = _trl_loss(trainer, inputs, "token")
