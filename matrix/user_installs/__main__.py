@@ -25,6 +25,9 @@ import releases
 import stack
 import table
 
+# the table names the patch that fixes a row (trl_compat's registry): the checkout's package
+sys.path.insert(0, str(stack.ROOT))
+
 HERE = pathlib.Path(__file__).resolve().parent
 RESULTS = HERE / "results.json"
 OUTPUT = stack.ROOT / "matrix" / "USER_INSTALLS.md"
