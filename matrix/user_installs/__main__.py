@@ -125,6 +125,7 @@ def main() -> int:
     parser.add_argument("--dates", choices=("both", "today", "month-end"), default="both")
     parser.add_argument("--missing", action="store_true", help="only the rows without a kept result")
     parser.add_argument("--recheck-imports", action="store_true", help="kept rows only: their import checks again, not the training")
+    parser.add_argument("--table", action="store_true", help="write matrix/USER_INSTALLS.md from the kept results, run no row")
     parser.add_argument("--today", default=datetime.date.today().isoformat())
     parser.add_argument("--work", type=pathlib.Path, default=None, help="venvs and the download cache (default: a temp dir)")
     args = parser.parse_args()
@@ -138,6 +139,8 @@ def main() -> int:
             for r in todo
             if (r["trl"], r["date_kind"]) in kept and needs_recheck(kept[(r["trl"], r["date_kind"])])
         ]
+    if args.table:
+        todo = []
     work = args.work or pathlib.Path(tempfile.mkdtemp(prefix="user-installs-"))
     cache = work / "cache"
     cache.mkdir(parents=True, exist_ok=True)
