@@ -94,12 +94,11 @@ def test_probe_on_written_code(tmp_path, body, helpers, expected):
 def test_the_loader_wrapper_adds_the_policys_defaults_to_the_reference_call_only():
     from trl_compat.patches import ref_model_like_policy as patch
 
-    import torch
-
+    bf16 = "the policy's dtype"  # the wrapper hands it on as it is: no torch needed here (notrl runs this too)
     module = types.SimpleNamespace(get_config_model_id=lambda config: config._name_or_path)
     loader = patch._wrap_loader(module)(lambda model_id, architecture=None, **kwargs: (model_id, kwargs))
     config = types.SimpleNamespace(_name_or_path="/ckpt", _attn_implementation="eager")
-    policy = types.SimpleNamespace(dtype=torch.bfloat16, config=config)
+    policy = types.SimpleNamespace(dtype=bf16, config=config)
     trainer = type("Trainer", (), {})()  # weakly referenced, as a GRPOTrainer
 
     patch._begin(trainer, {})
@@ -109,9 +108,9 @@ def test_the_loader_wrapper_adds_the_policys_defaults_to_the_reference_call_only
         trainer.model = policy
         assert loader("/ckpt", device_map=None) == (
             "/ckpt",
-            {"device_map": None, "dtype": torch.bfloat16, "attn_implementation": "eager"},
+            {"device_map": None, "dtype": bf16, "attn_implementation": "eager"},
         )
-        assert loader(model_id="/ckpt") == ("/ckpt", {"dtype": torch.bfloat16, "attn_implementation": "eager"})
+        assert loader(model_id="/ckpt") == ("/ckpt", {"dtype": bf16, "attn_implementation": "eager"})
         # the user's model_init_kwargs stand (1.16.0's setdefault), under either dtype name
         assert loader("/ckpt", dtype="float32", attn_implementation="sdpa") == (
             "/ckpt",
