@@ -59,3 +59,12 @@ def test_peft_only_when_asked(model):
 def test_a_plain_object_is_returned_as_it_is():
     obj = object()
     assert peel(obj) is obj
+
+
+def test_is_peft_model_by_class_name_along_the_mro(model):
+    from trl_compat._helpers.models import is_peft_model
+
+    assert not is_peft_model(model)
+    assert is_peft_model(stand_in("PeftModel", model))
+    assert is_peft_model(type("PeftModelForCausalLM", (type(stand_in("PeftModel", model)),), {})())  # a subclass
+    assert not is_peft_model(stand_in("LoraModel", model))  # the tuner inside is not the PeftModel

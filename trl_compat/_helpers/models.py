@@ -19,6 +19,11 @@ def _class_names(obj: Any) -> frozenset:
     return frozenset(c.__name__ for c in type(obj).__mro__)
 
 
+def is_peft_model(model: Any) -> bool:
+    """A PEFT ``PeftModel`` (or a subclass), known by class name: peft is not imported."""
+    return "PeftModel" in _class_names(model)
+
+
 def peel(model: Any, *, peft: bool = True, fsdp: bool = True) -> Any:
     """``model`` without its compile/DDP/DeepSpeed wrappers, and without PEFT (``peft=True``)
     and FSDP1 (``fsdp=True``) ones. Callers that must see the PeftModel itself (to merge

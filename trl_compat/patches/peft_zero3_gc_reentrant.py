@@ -44,6 +44,7 @@ import logging
 import re
 
 from trl_compat._engine import needed, not_needed, undecided
+from trl_compat._helpers.models import is_peft_model
 from trl_compat._helpers.source import code
 from trl_compat._helpers.trainer_init import around_init
 
@@ -66,10 +67,6 @@ def probe(module):
     )
 
 
-def _is_peft_model(model) -> bool:
-    return any(c.__name__ == "PeftModel" for c in type(model).__mro__)
-
-
 def _zero3(args) -> bool:
     plugin = getattr(args, "deepspeed_plugin", None)
     return plugin is not None and getattr(plugin, "zero_stage", None) == 3
@@ -77,7 +74,7 @@ def _zero3(args) -> bool:
 
 def _before(trainer, arguments) -> None:
     args = arguments.get("args")
-    peft = arguments.get("peft_config") is not None or _is_peft_model(arguments.get("model"))
+    peft = arguments.get("peft_config") is not None or is_peft_model(arguments.get("model"))
     if not (peft and getattr(args, "gradient_checkpointing", False) and _zero3(args)):
         return
     kwargs = args.gradient_checkpointing_kwargs or {}

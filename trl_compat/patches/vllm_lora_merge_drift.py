@@ -46,9 +46,9 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 
 from trl_compat._engine import needed, not_needed, undecided, warn_once
+from trl_compat._helpers.models import is_peft_model
 from trl_compat._helpers.source import code, defining_class, normalise
 
 log = logging.getLogger(__name__)
@@ -90,15 +90,10 @@ def probe(module):
     )
 
 
-def _is_peft_model(model) -> bool:
-    peft_model = getattr(sys.modules.get("peft"), "PeftModel", None)
-    return peft_model is not None and isinstance(model, peft_model)
-
-
 def _out_of_place(generation) -> bool:
     """Whether this sync writes the live weights in TRL's walk and the out-of-place one can replace it."""
     dist = getattr(generation, "_dist", None)
-    if dist is None or not _is_peft_model(getattr(generation, "model", None)):
+    if dist is None or not is_peft_model(getattr(generation, "model", None)):
         return False
     return not (getattr(dist, "is_zero3", True) or getattr(dist, "is_fsdp", True))
 

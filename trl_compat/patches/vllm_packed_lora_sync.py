@@ -38,9 +38,9 @@ longer supported (the registry's ``remove_when``; a test holds the two equal).
 from __future__ import annotations
 
 import functools
-import sys
 
 from trl_compat._engine import needed, not_needed, undecided
+from trl_compat._helpers.models import is_peft_model
 from trl_compat._helpers.source import code, defining_class, normalise
 
 WALK = "_iter_named_params"
@@ -71,16 +71,11 @@ def probe(module):
     )
 
 
-def _is_peft_model(model) -> bool:
-    peft_model = getattr(sys.modules.get("peft"), "PeftModel", None)
-    return peft_model is not None and isinstance(model, peft_model)
-
-
 def _make_walk(original):
     @functools.wraps(original)
     def _iter_named_params(self, *args, **kwargs):
         items = original(self, *args, **kwargs)
-        if getattr(self, "mode", None) != "server" or not _is_peft_model(getattr(self, "model", None)):
+        if getattr(self, "mode", None) != "server" or not is_peft_model(getattr(self, "model", None)):
             yield from items
             return
         try:
