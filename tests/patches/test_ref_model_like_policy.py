@@ -28,6 +28,10 @@ TRL = installed("trl")
 IN_WINDOW = TRL is not None and Version("0.26.0") <= TRL < Version("1.16.0")
 needs_trl = pytest.mark.skipif(TRL is None, reason="needs trl")
 needs_window = pytest.mark.skipif(not IN_WINDOW, reason=f"TRL {TRL} outside 0.26.0 - 1.15.x")
+# TRL 1.15's fused LM head: the policy's and the reference's step-1 forwards differ by bf16 rounding (a KL
+# of about 8e-7 with or without the fix), so there the reference's dtype, attention and weights are the
+# measure; before it the fix makes the KL exactly 0
+KL_MEASURES = TRL is not None and TRL < Version("1.15.0")
 needs_zero3 = pytest.mark.skipif(
     not IN_WINDOW or importlib.util.find_spec("deepspeed") is None, reason=f"needs deepspeed and TRL 0.26 - 1.15 (here {TRL})"
 )
@@ -165,7 +169,8 @@ def test_bug_by_value_unpatched(tmp_path):
     with without_patch(PATCH_ID):
         (dtype, attention), _, kl = _first_step(tmp_path)
     assert dtype == torch.float32 and attention == "sdpa", (dtype, attention)
-    assert kl > 1e-6, kl  # 8.7e-05 on the tiny Qwen2: the reference is not the policy
+    # 8.7e-05 on the tiny Qwen2: the reference is not the policy (patched: exactly 0)
+    assert kl > 0.0 or not KL_MEASURES, kl
 
 
 @needs_window
@@ -173,12 +178,13 @@ def test_fix_builds_the_reference_like_the_policy(tmp_path):
     import trl_compat
 
     import torch
+    import trl.trainer.grpo_trainer  # noqa: F401 - the trigger module: the patch applies on its import
 
     assert trl_compat.status(PATCH_ID) == trl_compat.APPLIED, trl_compat.report()
     (dtype, attention), same, kl = _first_step(tmp_path)
     assert dtype == torch.bfloat16 and attention == "eager", (dtype, attention)
     assert same  # the bf16 load of the float32 checkpoint is the policy's cast, bit for bit
-    assert kl == 0.0
+    assert kl == 0.0 if KL_MEASURES else kl < 1e-5, kl
 
 
 @needs_window

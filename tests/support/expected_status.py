@@ -451,6 +451,12 @@ APPLIED = {
         "requests-optional",
         "ref-model-like-policy",
     },
+    # a user's install of 1.15.0 resolved today, the CPU torch: no Triton, no requests, no vLLM, no DeepSpeed
+    "trl1.15.0-tf5.24.0-user": {
+        "kl-bias-correction-sequence",
+        "ref-model-like-policy",
+        "fused-lm-head-no-triton",
+    },
     "trl1.10.0-tf5.14.1": {
         "kl-bias-correction-sequence",
         "dora-magnitude-bf16",

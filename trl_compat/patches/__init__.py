@@ -1132,6 +1132,21 @@ PATCHES = [
         remove_when="trl_compat no longer supports TRL 0.28.0 - 1.14.1",
     ),
     Patch(
+        id="fused-lm-head-no-triton",
+        summary="TRL 1.15.0 where Triton cannot run (no Triton, or a CPU device): the fused LM head's log-probs "
+        "computed in torch, as 1.16.0 falls back",
+        symptom="AttributeError: 'NoneType' object has no attribute 'apply' at the first GRPO step (torch without "
+        "Triton: the CPU, macOS and Windows wheels; with Triton on a CPU device, Triton's launcher fails)",
+        upstream="TRL 1.15.0 added add_fused_lm_head on a Triton-only kernel; 1.16.0 folds its tiles in torch "
+        "where Triton cannot run (fixed in 1.16.0)",
+        fixed_in={"trl": "1.16.0"},
+        changes=("trl.trainer.utils:_ChunkedLogProbFunction",),
+        # the fused head came in 1.15.0 (the 1.14.2 wheel has none); the probe tells the dev builds apart
+        requires={"trl": affected("1.15.0", "1.16.0")},
+        witnesses={"trl": {"inside": ["1.15.0.dev0", "1.15.0", "1.16.0.dev0"], "outside": ["1.14.2", "1.16.0"]}},
+        remove_when="TRL 1.15.x is no longer supported",
+    ),
+    Patch(
         id="reward-func-partial-name",
         summary="a functools.partial or callable instance as reward function gets the name TRL 1.9 gives it",
         symptom="AttributeError: 'functools.partial' object has no attribute '__name__' (GRPOTrainer(...); TRL < 0.17: first step)",
