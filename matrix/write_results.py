@@ -31,6 +31,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 TESTED_PATHS = ("trl_compat", "tests", "matrix/cells", "tox.ini")
 
 
+MAX_FAILURES_SHOWN = 10  # per cell
+
+
 def by_hand_cells(tox_ini=pathlib.Path(__file__).parents[1] / "tox.ini"):
     """The cells of tox.ini's ``by-hand`` label."""
     tox = configparser.ConfigParser(interpolation=None)
@@ -61,6 +64,21 @@ def outcomes(xml_path):
         else:
             per_module[module]["passed"] += 1
     return per_module
+
+
+def failures(xml_path):
+    """``["<test id>: <first line of its message>", ...]`` of the failed or erroring tests of a JUnit XML file."""
+    found = []
+    if not xml_path.exists():
+        return found
+    for case in ET.parse(xml_path).iter("testcase"):
+        for child in case:
+            if child.tag in ("failure", "error"):
+                message = (child.get("message") or child.text or "").strip().splitlines()
+                test = f"{case.get('classname', '')}::{case.get('name', '?')}"
+                found.append(f"{test}: {message[0][:200] if message else child.tag}")
+                break
+    return found
 
 
 def guard_rows(results_dir, tested):
@@ -184,6 +202,10 @@ def main(results_dir, output):
     print(f"matrix: {total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
     if missing:
         print("no report from: " + ", ".join(missing))
+    # last, so that the end of a CI log names what failed (the cells' own output has long scrolled by)
+    for xml_path in sorted(results_dir.glob("*.xml")):
+        for line in failures(xml_path)[:MAX_FAILURES_SHOWN]:
+            print(f"FAILED in {xml_path.stem}: {line}")
     return 1 if total["failed"] or not (cells or by_hand) else 0
 
 

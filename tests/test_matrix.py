@@ -152,3 +152,22 @@ def test_by_hand_rows_are_dated_and_kept_until_their_env_runs_again(tmp_path):
     }
     assert f"| {datetime.date.today()} | `new` |" in rows[ran] and "9.9.9" in rows[ran] and "test_z 1 / 0 / 0" in rows[ran]
     assert "| 2026-11-20 | `kept` |" in rows[kept]  # carried over, dated as its section was
+
+
+def test_failures_name_each_failed_test_and_its_message(tmp_path):
+    """What ``results`` prints last, so that the end of a CI log names the failed tests."""
+    xml = tmp_path / "cell.xml"
+    xml.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.patches.test_a" name="test_ok" time="0.1"/>'
+        '<testcase classname="tests.patches.test_a" name="test_bad" time="0.1">'
+        '<failure message="AssertionError: 1 == 2&#10;second line">trace</failure></testcase>'
+        '<testcase classname="tests.test_b" name="test_broken" time="0.1"><error message="">boom</error></testcase>'
+        '<testcase classname="tests.test_b" name="test_skip" time="0.1"><skipped message="no"/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    assert matrix_script("write_results").failures(xml) == [
+        "tests.patches.test_a::test_bad: AssertionError: 1 == 2",
+        "tests.test_b::test_broken: boom",
+    ]
+    assert matrix_script("write_results").failures(tmp_path / "missing.xml") == []
