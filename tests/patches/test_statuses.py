@@ -1,9 +1,10 @@
 """Every patch's status in this matrix cell, checked against the one table
 (tests/support/expected_status.py), and what the report says of the patches that apply.
 
-The statuses come from a fresh interpreter running ``python -m trl_compat --json`` (it imports
-every trigger module), so the earlier tests of this session cannot change them: in a tox cell, the
-report matrix/cell_report.py wrote from one just before pytest."""
+The statuses come from ``python -m trl_compat --json``'s report (it imports every trigger module) taken
+before any test ran, so the earlier tests of this session cannot change them: in a tox cell, the report
+this session wrote before collecting a test (tests/conftest.py, TRL_COMPAT_CELL_REPORT); elsewhere a
+fresh interpreter's."""
 
 import importlib
 import json
@@ -59,8 +60,8 @@ FIXED_CODE_REASONS = {
 
 @pytest.fixture(scope="module")
 def report(request):
-    # tox writes the same report with matrix/cell_report.py just before pytest, in the same
-    # environment, beside the JUnit XML: read it rather than pay a second fresh interpreter
+    # in a tox cell this session wrote the report before its first test (tests/conftest.py), beside the
+    # JUnit XML: read it rather than pay a fresh interpreter
     xml = getattr(request.config.option, "xmlpath", None)
     written = pathlib.Path(xml).with_suffix(".json") if xml else None
     if written is not None and written.exists():
