@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 
 from trl_compat._engine import needed, not_needed
+from trl_compat._helpers.models import is_peft_model
 from trl_compat._helpers.source import code, defining_class
 from trl_compat._helpers.trainer_init import around_init
 
@@ -55,10 +56,6 @@ def probe(module):
     )
 
 
-def _is_peft_model(model) -> bool:
-    return any(c.__name__ == "PeftModel" for c in type(model).__mro__)
-
-
 def _uses_reentrant(args) -> bool:
     kwargs = getattr(args, "gradient_checkpointing_kwargs", None) or {}
     return "use_reentrant" not in kwargs or bool(kwargs["use_reentrant"])
@@ -69,7 +66,7 @@ def _after(trainer, arguments) -> None:
     if (
         getattr(config, "gradient_checkpointing", False)
         and _uses_reentrant(config)
-        and _is_peft_model(model)
+        and is_peft_model(model)
         and model is not None
         and callable(getattr(model, "enable_input_require_grads", None))
     ):

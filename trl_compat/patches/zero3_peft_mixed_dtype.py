@@ -64,6 +64,7 @@ import inspect
 import logging
 
 from trl_compat._engine import needed, not_needed, undecided
+from trl_compat._helpers.models import is_peft_model
 from trl_compat._helpers.source import code
 from trl_compat._helpers.trainer_init import around_init
 
@@ -124,10 +125,6 @@ def _quantised(model) -> bool:
     return bool(getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False))
 
 
-def _is_peft_model(model) -> bool:
-    return any(c.__name__ == "PeftModel" for c in type(model).__mro__)
-
-
 def _zero3_args(args) -> bool:
     plugin = getattr(args, "deepspeed_plugin", None)
     return plugin is not None and getattr(plugin, "zero_stage", None) == 3
@@ -166,7 +163,7 @@ def cast_adapters(model) -> list:
 
 def _before_init(trainer, arguments) -> None:
     model = arguments.get("model")
-    if not _is_peft_model(model) or _quantised(model):
+    if not is_peft_model(model) or _quantised(model):
         return
     if not (_zero3_enabled() or _zero3_args(arguments.get("args"))):
         return
