@@ -19,6 +19,7 @@ is raised with the reason; the engine reports the patch "undecided" with that re
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.machinery
 import importlib.util
 import inspect
@@ -26,6 +27,7 @@ import io
 import sys
 import textwrap
 import tokenize
+import weakref
 from typing import Any
 
 # defined by the engine, which catches it: it need not import this module (ast, inspect, tokenize) at start-up
@@ -47,6 +49,9 @@ class Code(str):
         return str.count(self, normalise(needle), *bounds)
 
 
+# Probes read the same TRL classes and needles again and again (GRPOTrainer's source, 10 times at one
+# import): each is tokenised once per process (benchmarks/import_cost.md).
+@functools.lru_cache(maxsize=512)
 def normalise(source: str) -> str:
     """Tokens of ``source`` without comments, docstrings or layout, joined by one space.
     Single quotes become double quotes, so a probe does not depend on the quoting style.
@@ -92,9 +97,24 @@ def _source(obj: Any) -> str:
         raise SourceUnavailable(f"cannot read the source of {name} ({exc})") from None
 
 
+# code(obj) by the object read (weakly: a class or function that goes away takes its entry along)
+_CODE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def code(obj: Any) -> Code:
-    """The normalised source of a module, class, function or method (see module doc)."""
-    return Code(normalise(_source(obj)))
+    """The normalised source of a module, class, function or method (see module doc); read once per
+    object and process."""
+    target = unwrap(obj)
+    try:
+        return _CODE[target]
+    except (KeyError, TypeError):  # not read yet, or an object without weak references
+        pass
+    text = Code(normalise(_source(target)))
+    try:
+        _CODE[target] = text
+    except TypeError:
+        pass
+    return text
 
 
 def module_code(name: str) -> Code:
