@@ -36,6 +36,14 @@ needs_bug = pytest.mark.skipif(
     TRL is None or not (Version("0.19.0") <= TRL < Version("1.6.0")), reason=f"TRL {TRL} is outside 0.19.0 - 1.5.x"
 )
 
+# TRL 0.20.x - 0.21.x: reward_kwargs carries trainer_state (PR #3669) and the warning for a row every function
+# declined indexes each kwarg: TypeError before any advantage is computed (ledger record e2eaa2334, fixed in
+# 0.22.0 by PR #3936; not patched: no cell of the default run holds 0.20 - 0.21)
+WARNING_CRASH = TRL is not None and Version("0.20.0") <= TRL < Version("0.22.0")
+no_warning_crash = pytest.mark.skipif(
+    WARNING_CRASH, reason=f"TRL {TRL}: its all-None warning crashes first (e2eaa2334, fixed in 0.22.0)"
+)
+
 
 @pytest.fixture(autouse=True)
 def _trigger():
@@ -77,7 +85,14 @@ def test_the_hand_computed_advantages_differ():
     assert FIXED[0] == 0.0 and BUGGY[0] != 0.0
 
 
+@pytest.mark.skipif(not WARNING_CRASH, reason=f"TRL {TRL}: the all-None warning's crash is 0.20 - 0.21's")
+def test_trl_0_20_crashes_on_a_row_every_function_declined(tmp_path):
+    with pytest.raises(TypeError, match="'TrainerState' object is not subscriptable"):
+        _advantages(tmp_path)
+
+
 @needs_bug
+@no_warning_crash
 def test_bug_without_the_patch_the_declined_completion_is_in_the_baseline(tmp_path, unpatched):
     with unpatched(PID):
         advantages = _advantages(tmp_path)
@@ -85,6 +100,7 @@ def test_bug_without_the_patch_the_declined_completion_is_in_the_baseline(tmp_pa
 
 
 @needs_trl
+@no_warning_crash
 def test_the_declined_completion_is_left_out_and_gets_advantage_zero(tmp_path):
     assert _advantages(tmp_path) == pytest.approx(FIXED, abs=1e-5)
 
