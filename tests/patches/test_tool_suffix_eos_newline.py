@@ -8,7 +8,7 @@ the template writes ``<|im_end|>\\n`` after every turn, the newline a token of i
 * By value, on TRL's own ``GRPOTrainer._get_tool_suffix_ids``: the suffix must be what the template
   writes for ``assistant-turn-end + tool turn + next header`` after the EOS, starting with the
   newline; unpatched it starts with ``<|im_start|>``.
-* A real GRPO step with ``tools=[multiply]`` on transformers generation. A random tiny model writes
+* A real GRPO step with ``tools=[tool_calls.multiply]`` on transformers generation. A random tiny model writes
   no tool call, so TRL's ``_tool_call_loop`` is handed a fixed tool-call completion for every sample
   (as ``parse_response`` returns it). The ids the second turn is generated from are checked:
   ``prompt + completion`` then the template's suffix, the newline first.
@@ -29,22 +29,12 @@ import tool_calls
 
 PID = "tool-suffix-eos-newline"
 HAVE_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
-TOOL_CALL = {"type": "function", "function": {"name": "multiply", "arguments": {"a": 3, "b": 4}}}
+TOOL_CALL = tool_calls.MULTIPLY_CALL
 TOOL_MESSAGES = [{"role": "tool", "name": "multiply", "content": "12"}]
 
 if HAVE_TORCH:
     import chat_templates
     import grpo_run
-
-
-def multiply(a: int, b: int) -> int:
-    """Multiply two integers.
-
-    Args:
-        a: The first integer.
-        b: The second integer.
-    """
-    return a * b
 
 
 def _trl_or_skip():
@@ -99,7 +89,7 @@ def _trainer(tmp_path):
 
     class ToolTrainer(GRPOTrainer):
         def __init__(self, *args, **kwargs):
-            super().__init__(*args, tools=[multiply], **kwargs)
+            super().__init__(*args, tools=[tool_calls.multiply], **kwargs)
 
     trainer = grpo_run.make_trainer(tmp_path, steps=1, train_dataset=_dataset(), processing_class=tokenizer, trainer_cls=ToolTrainer)
     tool_calls.every_completion_calls(trainer, TOOL_CALL)

@@ -1,7 +1,7 @@
 """tools-colocate-llm-attr (TRL 0.28.0 - 0.29.0): the tool loop reads ``self.llm`` but the colocated
 engine lives at ``self.vllm_generation.llm``.
 
-Real GRPO steps with ``tools=[multiply]`` and ``vllm_mode="colocate"`` on the vLLM stand-in. A
+Real GRPO steps with ``tools=[tool_calls.multiply]`` and ``vllm_mode="colocate"`` on the vLLM stand-in. A
 random tiny model writes no tool call (and on transformers < 5 TRL 0.28 parses none), so the test
 hands TRL's ``_tool_call_loop`` a fixed tool-call completion for every sample, as
 ``parse_response`` returns it on transformers 5. Unpatched: the AttributeError; patched: the loop
@@ -27,17 +27,7 @@ if HAVE_TORCH:
     import tiny
 
 
-def multiply(a: int, b: int) -> int:
-    """Multiply two integers.
-
-    Args:
-        a: The first integer.
-        b: The second integer.
-    """
-    return a * b
-
-
-TOOL_CALL = {"type": "function", "function": {"name": "multiply", "arguments": {"a": 3, "b": 4}}}
+TOOL_CALL = tool_calls.MULTIPLY_CALL
 
 
 def _trl_or_skip():
@@ -112,7 +102,7 @@ def _with_tools():
 
     class ToolTrainer(GRPOTrainer):
         def __init__(self, *args, **kwargs):
-            super().__init__(*args, tools=[multiply], **kwargs)
+            super().__init__(*args, tools=[tool_calls.multiply], **kwargs)
 
     return ToolTrainer
 

@@ -5,7 +5,7 @@ The template: Qwen3-like, its generation prompt opening ``<think>`` that a past 
 show (as DeepSeek-R1 distills write it; ``tests/support/chat_templates.py``).
 
 * Without the patch (the cells whose TRL takes tools: 0.26 - 0.29 need transformers 5): ``GRPOTrainer(...,
-  tools=[multiply])`` raises TRL's ValueError.
+  tools=[tool_calls.multiply])`` raises TRL's ValueError.
 * With it: the trainer is built with the template as it is (``chat_template`` None, as 1.1.0 leaves it),
   and a GRPO step where every completion calls the tool appends the tool's result (12) to each.
 * A template the tool-call check refuses too still raises; one the old check takes gets TRL's own answer.
@@ -21,24 +21,15 @@ from trl_compat.patches import tools_template_prefix_check as patch_module
 
 import pytest
 
+import tool_calls
+
 PATCH_ID = "tools-template-prefix-check"
 HAVE_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
-TOOL_CALL = {"type": "function", "function": {"name": "multiply", "arguments": {"a": 3, "b": 4}}}
+TOOL_CALL = tool_calls.MULTIPLY_CALL
 
 if HAVE_TORCH:
     import chat_templates
     import grpo_run
-    import tool_calls
-
-
-def multiply(a: int, b: int) -> int:
-    """Multiply two integers.
-
-    Args:
-        a: The first integer.
-        b: The second integer.
-    """
-    return a * b
 
 
 # -- the probe ---------------------------------------------------------------------------------
@@ -180,7 +171,7 @@ def _trainer(tmp_path, completions=None):
 
     class ToolTrainer(GRPOTrainer):
         def __init__(self, *args, **kwargs):
-            super().__init__(*args, tools=[multiply], **kwargs)
+            super().__init__(*args, tools=[tool_calls.multiply], **kwargs)
 
     def recording_reward(completions, **kwargs):
         seen.extend(completions)
