@@ -38,7 +38,9 @@ The fix
     scaled by ``logit_scale``, soft-capped, multiplied by ``1 / temperature``. Unlike 1.16 it keeps a
     ``[tokens, vocabulary]`` float32 tile per 4096 tokens for the backward instead of recomputing it:
     the memory of TRL 1.14's unfused path, not 1.16's. The hidden states are read from the call by
-    name. Revert sets TRL's value back (None without Triton).
+    name. Revert sets TRL's value back (None without Triton). Not covered: DeepSpeed ZeRO-3 on a torch
+    without Triton (no such cell): TRL's kernel gathers the partitioned head again for its backward,
+    autograd here keeps the tensor the forward saw.
 
 Run time: load-bearing: errors propagate (without the fix the step fails anyway).
 
