@@ -30,10 +30,10 @@ BUGGY = TRL is not None and Version("0.15.0") <= TRL < Version("1.5.0")
 needs_eval = pytest.mark.skipif(
     TRL is None or TRL < Version("0.15.0") or not HAVE_TORCH, reason=f"TRL {TRL}: GRPO evaluates from 0.15.0"
 )
-# TRL 0.16 picks the metrics a log() call reports by control.should_evaluate, which only train()'s own
-# evaluations set: a direct evaluate() logs no eval_reward there at all (0.17 reads model.training).
+# TRL 0.16 - 0.17 pick the metrics a log() call reports by control.should_evaluate, which only train()'s own
+# evaluations set: a direct evaluate() logs no eval_reward there at all (0.18 reads model.training).
 direct_evaluate_logs_eval_metrics = pytest.mark.skipif(
-    TRL is not None and Version("0.16.0") <= TRL < Version("0.17.0"),
+    TRL is not None and Version("0.16.0") <= TRL < Version("0.18.0"),
     reason=f"TRL {TRL}: a direct evaluate() logs no eval_ metrics (mode from control.should_evaluate)",
 )
 needs_bug = pytest.mark.skipif(not BUGGY or not HAVE_TORCH, reason=f"TRL {TRL} is outside 0.15.0 - 1.4.x")
