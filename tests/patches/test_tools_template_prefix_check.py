@@ -1,15 +1,16 @@
-"""tools-template-prefix-check (TRL 0.26.0 - 1.0.x, tools=[...]): a chat template TRL's old prefix check
-refuses though tool calling works with it (fixed in 1.1.0 by PR #5458).
+"""tools-template-prefix-check (TRL 0.29.1 - 1.0.x, tools=[...]): a chat template TRL's old prefix check
+refuses though its token-in/token-out tool loop works with it (fixed in 1.1.0 by PR #5458).
 
 The template: Qwen3-like, its generation prompt opening ``<think>`` that a past assistant turn does not
 show (as DeepSeek-R1 distills write it; ``tests/support/chat_templates.py``).
 
-* Without the patch (the cells whose TRL takes tools: 0.26 - 0.29 need transformers 5): ``GRPOTrainer(...,
-  tools=[tool_calls.multiply])`` raises TRL's ValueError.
+* Without the patch (0.29.1 takes tools on transformers 5 only; the 1.0 cell has no jmespath):
+  ``GRPOTrainer(..., tools=[tool_calls.multiply])`` raises TRL's ValueError.
 * With it: the trainer is built with the template as it is (``chat_template`` None, as 1.1.0 leaves it),
   and a GRPO step where every completion calls the tool appends the tool's result (12) to each.
 * A template the tool-call check refuses too still raises; one the old check takes gets TRL's own answer.
-* The probe on code written as 0.26 - 1.0, the main-branch builds with PR #5458 and 1.1.0 write it.
+* The probe on code written as 0.26 - 0.29.0 (a re-tokenising loop that needs the old check), 0.29.1 - 1.0,
+  the main-branch builds with PR #5458 and 1.1.0 write it.
 """
 
 from __future__ import annotations
@@ -50,18 +51,26 @@ def get_training_chat_template(tokenizer):
         return None
     raise ValueError("The tokenizer's chat template is not prefix-preserving and patching is not supported")
 """
-INIT_1_0 = """
+INIT_0_29_0 = """
 class GRPOTrainer:
     def __init__(self, tools=None, processing_class=None):
         if tools:
             self.chat_template = get_training_chat_template(processing_class)
 """
-INIT_1_1 = """
+SUFFIX_IDS = """
+    def _get_tool_suffix_ids(self, tool_messages):
+        return []
+"""
+INIT_1_0 = INIT_0_29_0 + SUFFIX_IDS
+INIT_1_1 = (
+    """
 class GRPOTrainer:
     def __init__(self, tools=None, processing_class=None):
         if tools and not is_chat_template_prefix_preserving(processing_class):
             self.chat_template = get_training_chat_template(processing_class)
 """
+    + SUFFIX_IDS
+)
 BEFORE_TOOLS = """
 class GRPOTrainer:
     def __init__(self, processing_class=None):
@@ -73,12 +82,13 @@ class GRPOTrainer:
     "source, verdict",
     [
         (OLD_CHECK + TRAINING_TEMPLATE + INIT_1_0, True),
+        (OLD_CHECK + TRAINING_TEMPLATE + INIT_0_29_0, False),
         (NEW_CHECK + TRAINING_TEMPLATE + INIT_1_0, False),
         (NEW_CHECK + TRAINING_TEMPLATE + INIT_1_1, False),
         (BEFORE_TOOLS, False),
         (OLD_CHECK + "\ndef get_training_chat_template(tokenizer):\n    return None\n" + INIT_1_0, None),
     ],
-    ids=["0.26-1.0", "main-with-5458", "1.1.0", "before-0.26", "unknown"],
+    ids=["0.29.1-1.0", "0.26-0.29.0", "main-with-5458", "1.1.0", "before-0.26", "unknown"],
 )
 def test_probe_on_written_code(code_module, source, verdict):
     assert patch_module.probe(code_module(source)).needed is verdict
@@ -91,7 +101,7 @@ def test_probe_on_the_real_trl():
     from packaging.version import Version
 
     release = Version(trl.__version__)
-    assert patch_module.probe(grpo).needed is (Version("0.26.0") <= release < Version("1.1.0"))
+    assert patch_module.probe(grpo).needed is (Version("0.29.1") <= release < Version("1.1.0"))
 
 
 # -- the checks on tokenizers ---------------------------------------------------------------------
@@ -146,12 +156,12 @@ def _window_or_skip():
     import trl.trainer.grpo_trainer  # noqa: F401 - the patch's trigger
 
     version = grpo_run.trl_version()[:3]
-    if not (0, 26, 0) <= version < (1, 1, 0):
-        pytest.skip("TRL 0.26.0 - 1.0.x only")
+    if not (0, 29, 1) <= version < (1, 1, 0):
+        pytest.skip("TRL 0.29.1 - 1.0.x only")
     import transformers
 
     if version < (1, 0, 0) and int(transformers.__version__.split(".")[0]) < 5:
-        pytest.skip("TRL 0.26 - 0.29 take tools only on transformers >= 5")
+        pytest.skip("TRL 0.29.1 takes tools only on transformers >= 5")
     pytest.importorskip("jmespath")  # TRL's response parsing for tools
     assert trl_compat.status(PATCH_ID) == trl_compat.APPLIED, trl_compat.report()
 

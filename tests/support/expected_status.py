@@ -260,7 +260,6 @@ APPLIED = {
     },
     # vLLM (stand-in) 0.11.2: before vllm-guided-decoding-import's 0.12
     "trl0.26.0-tf4.57.3": {
-        "tools-template-prefix-check",
         "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
@@ -282,7 +281,6 @@ APPLIED = {
     },
     # vLLM (stand-in) 0.14.0; the first release with the generation-config fix
     "trl0.26.2-tf4.57.3": {
-        "tools-template-prefix-check",
         "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
@@ -303,7 +301,6 @@ APPLIED = {
     # TRL 0.27.1 on transformers 5.1.0 (peft 0.18.1, no vLLM, no deepspeed): the last release that sets warnings_issued
     # transformers 5: TRL 0.28 takes tools=[...]
     "trl0.27.1-tf5.1.0": {
-        "tools-template-prefix-check",
         "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
@@ -317,7 +314,6 @@ APPLIED = {
         "ref-model-like-policy",
     },
     "trl0.28.0-tf4.57.6": {
-        "tools-template-prefix-check",
         "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
@@ -336,7 +332,6 @@ APPLIED = {
         "ref-model-like-policy",
     },
     "trl0.28.0-tf5.2.0": {
-        "tools-template-prefix-check",
         "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",

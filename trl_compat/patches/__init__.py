@@ -774,11 +774,12 @@ PATCHES = [
         upstream="https://github.com/huggingface/trl/pull/5458 (fixed in 1.1.0)",
         fixed_in={"trl": "1.1.0"},
         changes=("get_training_chat_template",),
-        # the check came with the agent training of PR #4300 (ca21dd94c, 0.26.0.dev0) and was narrowed by
-        # PR #5458 (f19fda4c0, 1.1.0.dev0): the probe tells the dev builds apart
-        requires={"trl": affected("0.26.0", "1.1.0")},
-        witnesses={"trl": {"inside": ["0.26.0.dev0", "0.26.0", "0.29.1", "1.0.0", "1.1.0.dev0"], "outside": ["0.25.1", "1.1.0"]}},
-        remove_when="TRL 0.26.0 - 1.0.x are no longer supported",
+        # the check (PR #4300, 0.26.0) asks more than the tool loop needs once the loop appends suffix ids
+        # (PR #5242, 0.29.1; 0.26.0 - 0.29.0 re-tokenise and need it); narrowed by PR #5458 (f19fda4c0,
+        # 1.1.0.dev0): the probe tells the dev builds apart
+        requires={"trl": affected("0.29.1", "1.1.0")},
+        witnesses={"trl": {"inside": ["0.29.1", "1.0.0.dev0", "1.0.0", "1.1.0.dev0"], "outside": ["0.29.0", "1.1.0"]}},
+        remove_when="TRL 0.29.1 - 1.0.x are no longer supported",
     ),
     # -- advice: known breaks an upgrade ends ------------------------------------------------------
     # Known breaks with newer (or older) vLLM / transformers / peft that no fix here could be

@@ -8,11 +8,14 @@ The bug
     call ``trl.chat_template_utils.get_training_chat_template(processing_class)`` whenever tools are
     given. It returns None when ``is_chat_template_prefix_preserving`` accepts the template, TRL's
     training template for Qwen3 (and Qwen3.5 in 1.0) otherwise, and else raises the error above. The
-    check asked more than the tool loop needs: that ``[user]`` with the generation prompt renders as a
-    prefix of ``[user, assistant]``, and that one as a prefix of ``[user, assistant, user]``. A template
-    whose generation prompt is ``<|im_start|>assistant\\n<think>\\n`` while a rendered assistant turn
-    starts ``<|im_start|>assistant\\n`` fails it, yet the tool loop only appends tool results after an
-    assistant turn with tool calls and a new generation prompt. PR #5458 (``f19fda4c0``, released in
+    check asks that ``[user]`` with the generation prompt renders as a prefix of ``[user, assistant]``,
+    and that one as a prefix of ``[user, assistant, user]``. Up to 0.29.0 the tool loop re-tokenises the
+    whole conversation after each tool call and raises unless the result extends what was generated, so
+    it needs that very property and the refusal at construction is right. PR #5242 (0.29.1) made the
+    loop token-in/token-out: it appends the ids of the tool results (``_get_tool_suffix_ids``) after an
+    assistant turn with tool calls. From then the check asks more than the loop needs: a template whose
+    generation prompt is ``<|im_start|>assistant\\n<think>\\n`` while a rendered assistant turn starts
+    ``<|im_start|>assistant\\n`` fails it, and tool calling works with it. PR #5458 (``f19fda4c0``, released in
     1.1.0: "Narrow prefix-preserving check to the actual requirement") checks exactly that:
     ``[user, assistant with a tool call]`` must render as a prefix of the same with a tool message
     and the generation prompt; and from 1.1.0 ``GRPOTrainer.__init__`` calls
@@ -20,7 +23,8 @@ The bug
 
 How the probe recognises it
     The trigger module has no ``get_training_chat_template``: not needed (no tool calling before
-    0.26). ``GRPOTrainer.__init__`` calls ``is_chat_template_prefix_preserving(`` itself: not needed
+    0.26). ``GRPOTrainer`` has no ``_get_tool_suffix_ids``: not needed (the re-tokenising loop of
+    0.26.0 - 0.29.0). ``GRPOTrainer.__init__`` calls ``is_chat_template_prefix_preserving(`` itself: not needed
     (1.1.0 on). ``get_training_chat_template`` calls it and raises, and the check's source names no
     ``tool_calls`` (the old three-conversation check): needed. A check that names ``tool_calls``:
     not needed (the main-branch builds with PR #5458). Any other shape: undecided.
@@ -36,7 +40,7 @@ The fix
 
 Run time: load-bearing: errors propagate (without the fix ``GRPOTrainer(...)`` raises anyway).
 
-Delete when: TRL 0.26.0 - 1.0.x are no longer supported (the registry's ``remove_when``; a test holds
+Delete when: TRL 0.29.1 - 1.0.x are no longer supported (the registry's ``remove_when``; a test holds
 the two equal).
 """
 
@@ -55,12 +59,15 @@ PATCH_ID = "tools-template-prefix-check"
 NAME = "get_training_chat_template"
 CHECK = "is_chat_template_prefix_preserving"
 REFUSAL = "is not prefix-preserving"
+SUFFIX_IDS = "_get_tool_suffix_ids"  # the token-in/token-out tool loop (0.29.1 on)
 
 
 def probe(module):
     training_template = getattr(module, NAME, None)
     if training_template is None:
         return not_needed(f"the GRPO trainer module has no {NAME} (no tool calling)")
+    if not hasattr(module.GRPOTrainer, SUFFIX_IDS):
+        return not_needed(f"the tool loop re-tokenises each conversation and needs what {CHECK} checks here (no {SUFFIX_IDS})")
     if f"{CHECK}(" in code(module.GRPOTrainer.__init__):
         return not_needed(f"GRPOTrainer.__init__ asks {CHECK} (the tool-call check of PR #5458) before {NAME}")
     body = code(training_template)
