@@ -119,7 +119,8 @@ def test_a_removed_target_is_reported_and_nothing_is_patched(applied_patch, capl
     pid = applied_patch.id
     before = unpatched_snapshot(pid)
     owner, attr = owner_and_attr(applied_patch)
-    # named before the removal: a module-level target may be the module's own __name__ (vllm-serve-get-open-port)
+    if attr == "__name__":  # must_exist "__name__": the module itself (vllm-serve-get-open-port), not a name a release drops
+        pytest.skip(f"{pid}'s target is its module itself: no release removes a module's __name__")
     where = owner.__name__ if isinstance(owner, type(sys)) else f"{owner.__module__}.{owner.__qualname__}"
     saved = vars(owner)[attr]
     delattr(owner, attr)
