@@ -273,28 +273,8 @@ def test_audit_no_trl_no_bug(stack):
     assert audit.audit({}) == {"versions": audit.audit({})["versions"], "bugs": [], "unfixed": 0}
 
 
-@pytest.fixture
-def triton(monkeypatch):
-    """``triton(True)``: the run's stack has Triton (or not), whatever this one has."""
-    import importlib.util
-
-    real = importlib.util.find_spec
-
-    def have(present):
-        def find_spec(name, *args, **kwargs):
-            if name == "triton":
-                return real("os") if present else None
-            return real(name, *args, **kwargs)
-
-        monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-
-    return have
-
-
-def test_run_conditions(triton):
+def test_run_conditions():
     import types
-
-    triton(True)
 
     from trl_compat.ledger import runtime
 
@@ -317,10 +297,8 @@ def test_run_conditions(triton):
     assert runtime.run_conditions(types.SimpleNamespace(), None, {"peft_config": prefix}) == {"peft", "peft_prompt_learning"}
 
 
-def test_run_conditions_of_the_options_users_turn_on(triton):
+def test_run_conditions_of_the_options_users_turn_on():
     import types
-
-    triton(True)
 
     from trl_compat.ledger import runtime
 
@@ -358,9 +336,6 @@ def test_run_conditions_of_the_options_users_turn_on(triton):
     processor = types.SimpleNamespace(image_processor=object())
     bare = types.SimpleNamespace(config=types.SimpleNamespace(), generation_config=None)
     assert runtime.run_conditions(defaults, bare, {"processing_class": processor}) == {"vlm", "no_generation_config"}
-    # torch without Triton (CPU, macOS, Windows wheels): TRL 1.15.0's log-probs need it
-    triton(False)
-    assert runtime.run_conditions(defaults, text, {}) == {"no_triton"}
 
 
 def test_every_opt_in_record_is_matched_at_run_time_or_says_why_not():

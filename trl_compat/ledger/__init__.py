@@ -61,7 +61,6 @@ CONDITIONS = (
     "eval_one_generation",  # num_generations_eval=1
     "lm_head_fp32",  # cast_lm_head_to_fp32
     "no_generation_config",  # a model without a generation_config
-    "no_triton",  # torch without Triton (CPU, macOS and Windows wheels)
 )
 
 Record = dict[str, str]

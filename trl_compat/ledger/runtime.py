@@ -17,7 +17,6 @@ trl_compat acts at trainer construction without being a patch; see
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import sys
@@ -115,8 +114,6 @@ def _model_conditions(args: Any, model: Any, call: dict[str, Any]) -> set[str]:
         found.add("lm_head_fp32")
     if getattr(args, "use_liger_kernel", False) or getattr(args, "use_liger_loss", False):
         found.add("liger")
-    if importlib.util.find_spec("triton") is None:
-        found.add("no_triton")
     return found
 
 

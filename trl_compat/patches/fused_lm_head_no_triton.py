@@ -142,8 +142,6 @@ def make_dispatch(kernel):
     run, :func:`chunked_log_probs` elsewhere."""
 
     class ChunkedLogProbFunction:
-        triton_kernel = kernel
-
         @staticmethod
         def apply(*args, **kwargs):
             hidden = arguments(chunked_log_probs, *args, **kwargs).get("hidden")
