@@ -23,6 +23,16 @@ from typing import Callable
 # For the environment of a child process that measures memory (see the module docstring).
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 
+# Left out of a timed child's environment: a search path or the switch would change what starts, and
+# PYTHONDONTWRITEBYTECODE would make every run compile its modules from source (a user's `pip install`
+# byte-compiles them; the warm-up runs write the .pyc files only where this is unset).
+UNTIMED_ENV = ("PYTHONPATH", "TRL_COMPAT_AUTO", "PYTHONDONTWRITEBYTECODE")
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment for a timed child, without :data:`UNTIMED_ENV`."""
+    return {k: v for k, v in os.environ.items() if k not in UNTIMED_ENV}
+
 
 def status_bytes(field: str) -> int:
     """A ``kB`` field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``) in bytes."""

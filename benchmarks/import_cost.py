@@ -45,7 +45,7 @@ CWD = tempfile.gettempdir()
 
 
 def variants():
-    env = {k: v for k, v in os.environ.items() if k not in ("TRL_COMPAT_AUTO", "PYTHONPATH")}
+    env = _measure.child_env()
     found = [
         ("python -c pass", [sys.executable, "-c", "pass"], env),
         ("import trl_compat", [sys.executable, "-c", "import trl_compat"], env),

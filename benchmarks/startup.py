@@ -66,7 +66,7 @@ def main():
     args = parser.parse_args()
 
     deps_dir = sysconfig.get_paths()["purelib"]
-    base_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRL_COMPAT_AUTO")}
+    base_env = _measure.child_env()
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
             [sys.executable, "-m", "pip", "wheel", ROOT, "--no-deps", "--no-build-isolation", "-q", "-w", os.path.join(tmp, "dist")],
