@@ -346,7 +346,7 @@ def test_every_opt_in_record_is_matched_at_run_time_or_says_why_not():
     no_condition = {r["change"] for r in ledger.read_records() if ledger.verdict_kind(r["verdict"]) == "opt-in" and not r["when"]}
     # reward functions returning None: known only once rewards are computed; TRL's CLI scripts: the
     # crash comes before any trainer is built
-    assert no_condition == {"87fbb831d", "e2eaa2334", "1.12.0..1.13.0:trl/trainer/utils.py#1"}
+    assert no_condition == {"87fbb831d", "1.12.0..1.13.0:trl/trainer/utils.py#1"}
 
 
 def test_runtime_warns_for_an_unfixed_bug_whose_conditions_the_run_meets(stack, caplog):

@@ -175,6 +175,7 @@ APPLIED = {
         "generation-config-model-defaults",
         "metric-for-best-model",
         "none-reward-baseline",
+        "none-reward-warning-state",
         "reward-func-partial-name",
         "vllm-double-bos",
         "fsdp2-ignored-params-sync",

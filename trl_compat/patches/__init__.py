@@ -1108,6 +1108,24 @@ PATCHES = [
         fixed_in={"trl": "1.6.0"},
         remove_when="TRL < 1.6.0 is no longer supported",
     ),
+    # none-reward-warning-state wraps _calculate_rewards too (none-reward-baseline keeps its result): the two
+    # stack in either order.
+    Patch(
+        id="none-reward-warning-state",
+        summary="the warning for a row every reward function declined (None) no longer indexes the trainer's state",
+        symptom="TypeError: 'TrainerState' object is not subscriptable "
+        "(the first batch with a completion every reward function returned None for)",
+        upstream="https://github.com/huggingface/trl/pull/3936 (fixed in 0.22.0)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer._calculate_rewards",
+        changes=("GRPOTrainer._calculate_rewards",),
+        # PR #3669 put trainer_state into the reward kwargs (0.20.0.dev0); e2eaa2334 (0.22.0.dev0) fixed the
+        # warning: the probe reads both.
+        requires={"trl": affected("0.20.0", "0.22.0")},
+        witnesses={"trl": {"inside": ["0.20.0", "0.21.0", "0.22.0.dev0"], "outside": ["0.19.1", "0.22.0", "1.16.0"]}},
+        fixed_in={"trl": "0.22.0"},
+        remove_when="TRL < 0.22.0 is no longer supported",
+    ),
     Patch(
         id="peft-zero3-gc-reentrant",
         summary="PEFT + ZeRO-3 + gradient checkpointing: use_reentrant=True before GRPOTrainer.__init__, as TRL 1.9 does",
