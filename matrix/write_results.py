@@ -196,7 +196,9 @@ def main(results_dir, output):
         lines = head.rstrip("\n").splitlines()
         missing = []
     if by_hand or kept:
-        lines += [""] + by_hand_section(results_dir, by_hand, total, carried_rows(kept))
+        # a carried row whose env left the by-hand label (it joined the default run) is not carried
+        carried = {env: row for env, row in carried_rows(kept).items() if is_by_hand(env, hand)}
+        lines += [""] + by_hand_section(results_dir, by_hand, total, carried)
     pathlib.Path(output).write_text("\n".join(lines) + "\n")
     print(f"wrote {output} for {len(cells)} cells")
     print(f"matrix: {total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")

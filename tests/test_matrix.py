@@ -114,7 +114,8 @@ def test_every_patch_that_applies_in_a_cell_applies_in_a_cell_of_the_default_run
 
 def test_by_hand_rows_are_dated_and_kept_until_their_env_runs_again(tmp_path):
     """A run of some by-hand envs rewrites their rows and keeps the others' (older ones without a date
-    column get the section's date); the default run's tables stay when only by-hand envs ran."""
+    column get the section's date), but not the row of an env that left the by-hand label; the default
+    run's tables stay when only by-hand envs ran."""
     import datetime
     import json
 
@@ -135,6 +136,7 @@ def test_by_hand_rows_are_dated_and_kept_until_their_env_runs_again(tmp_path):
             "|---|---|---|---|" + "---|" * len(write_results.STACK),
             f"| {ran} | `old` | - | test_x 1 / 0 / 0 | " + " | ".join("-" for _ in write_results.STACK) + " |",
             f"| {kept} | `kept` | - | test_y 2 / 0 / 0 | " + " | ".join("-" for _ in write_results.STACK) + " |",
+            "| trl9.9.9-former | `gone` | - | test_w 1 / 0 / 0 | " + " | ".join("-" for _ in write_results.STACK) + " |",
         ]
     )
     output = tmp_path / "RESULTS.md"
@@ -152,6 +154,7 @@ def test_by_hand_rows_are_dated_and_kept_until_their_env_runs_again(tmp_path):
     }
     assert f"| {datetime.date.today()} | `new` |" in rows[ran] and "9.9.9" in rows[ran] and "test_z 1 / 0 / 0" in rows[ran]
     assert "| 2026-11-20 | `kept` |" in rows[kept]  # carried over, dated as its section was
+    assert "trl9.9.9-former" not in text  # no longer a by-hand env: not carried
 
 
 def test_failures_name_each_failed_test_and_its_message(tmp_path):

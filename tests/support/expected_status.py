@@ -261,6 +261,7 @@ APPLIED = {
     },
     # vLLM (stand-in) 0.11.2: before vllm-guided-decoding-import's 0.12
     "trl0.26.0-tf4.57.3": {
+        "eval-one-generation-nan",
         "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",
@@ -282,6 +283,7 @@ APPLIED = {
     },
     # vLLM (stand-in) 0.14.0; the first release with the generation-config fix
     "trl0.26.2-tf4.57.3": {
+        "eval-one-generation-nan",
         "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
         "dapo-masked-token-normalizer",

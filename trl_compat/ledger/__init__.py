@@ -58,7 +58,6 @@ CONDITIONS = (
     "reward_model",  # a reward model among the reward functions
     "torch_compile",
     "structured_outputs",  # vLLM's regex-constrained decoding
-    "eval_one_generation",  # num_generations_eval=1
     "lm_head_fp32",  # cast_lm_head_to_fp32
     "no_generation_config",  # a model without a generation_config
 )

@@ -58,7 +58,6 @@ CONDITION_TEXT = {
     "reward_model": "a reward model",
     "torch_compile": "torch_compile",
     "structured_outputs": "vLLM structured outputs",
-    "eval_one_generation": "num_generations_eval=1",
     "lm_head_fp32": "cast_lm_head_to_fp32",
     "no_generation_config": "a model without generation_config",
 }

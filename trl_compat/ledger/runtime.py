@@ -95,8 +95,6 @@ def _generation_conditions(args: Any, call: dict[str, Any]) -> set[str]:
     # the option's name moved: vllm_guided_decoding_regex (TRL < 0.23), vllm_structured_outputs_regex
     if getattr(args, "vllm_structured_outputs_regex", None) or getattr(args, "vllm_guided_decoding_regex", None):
         found.add("structured_outputs")
-    if getattr(args, "num_generations_eval", None) == 1:
-        found.add("eval_one_generation")
     return found
 
 

@@ -1353,6 +1353,20 @@ PATCHES = [
     ),
     # -- GRPOConfig validation that refuses a valid config or lets a crashing one through -------------
     Patch(
+        id="eval-one-generation-nan",
+        summary="evaluation with num_generations_eval=1: a group of one gets std 0 and advantage 0, as TRL 0.27",
+        symptom="silent: eval_loss, eval_reward_std and every eval advantage NaN with num_generations_eval=1",
+        upstream="https://github.com/huggingface/trl/pull/4662 (fixed in 0.27.0)",
+        trigger=GRPO_MODULE,
+        must_exist="GRPOTrainer._generate_and_score_completions",
+        changes=("GRPOTrainer._generate_and_score_completions",),
+        # num_generations_eval came in 0.26.0 (0.26.0.dev0); 37ad7c2e7 (0.27.0.dev0) fixed it: the probe reads both
+        requires={"trl": affected("0.26.0", "0.27.0")},
+        witnesses={"trl": {"inside": ["0.26.0", "0.26.2", "0.27.0.dev0"], "outside": ["0.25.1", "0.27.0", "1.16.0"]}},
+        fixed_in={"trl": "0.27.0"},
+        remove_when="TRL < 0.27.0 is no longer supported",
+    ),
+    Patch(
         id="num-generations-eval-check",
         summary="the global eval batch is checked against num_generations_eval (when set), as TRL 0.26.1 does",
         symptom="ValueError: The global eval batch size (2 * 1) must be divisible by num_generations (4). "
