@@ -330,10 +330,10 @@ def test_run_conditions_of_the_options_users_turn_on():
     text = types.SimpleNamespace(config=types.SimpleNamespace(vision_config=None), generation_config=object())
     defaults = types.SimpleNamespace(beta=0.0, off_policy_mask_threshold=None, num_generations_eval=None)
     assert runtime.run_conditions(defaults, text, {"reward_funcs": print, "processing_class": object()}) == set()
-    # a processor with an image processor makes a VLM run; a model without generation_config is named
+    # a processor with an image processor makes a VLM run
     processor = types.SimpleNamespace(image_processor=object())
     bare = types.SimpleNamespace(config=types.SimpleNamespace(), generation_config=None)
-    assert runtime.run_conditions(defaults, bare, {"processing_class": processor}) == {"vlm", "no_generation_config"}
+    assert runtime.run_conditions(defaults, bare, {"processing_class": processor}) == {"vlm"}
 
 
 def test_every_opt_in_record_is_matched_at_run_time_or_says_why_not():

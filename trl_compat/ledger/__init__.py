@@ -59,7 +59,6 @@ CONDITIONS = (
     "torch_compile",
     "structured_outputs",  # vLLM's regex-constrained decoding
     "lm_head_fp32",  # cast_lm_head_to_fp32
-    "no_generation_config",  # a model without a generation_config
 )
 
 Record = dict[str, str]

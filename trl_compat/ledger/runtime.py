@@ -106,8 +106,6 @@ def _model_conditions(args: Any, model: Any, call: dict[str, Any]) -> set[str]:
         found.add("vlm")
     if getattr(args, "torch_compile", False) or hasattr(model, "_orig_mod"):
         found.add("torch_compile")
-    if config is not None and getattr(model, "generation_config", None) is None:
-        found.add("no_generation_config")
     if getattr(args, "cast_lm_head_to_fp32", False):
         found.add("lm_head_fp32")
     if getattr(args, "use_liger_kernel", False) or getattr(args, "use_liger_loss", False):
