@@ -42,6 +42,15 @@ SCORES = [None, 2.0, 0.0, 1.0]
             "        }",
             False,
         ),
+        (  # 1.0.0 on
+            'reward_kwargs["trainer_state"] = self.state\n'
+            "        row_reward_kwargs = {\n"
+            "            key: value[nan_row_idx]\n"
+            "            for key, value in reward_kwargs.items()\n"
+            '            if key not in ("trainer_state", "log_extra", "log_metric")\n'
+            "        }",
+            False,
+        ),
         (  # 0.19.x: no trainer_state among the kwargs
             "row_reward_kwargs = {key: value[nan_row_idx] for key, value in reward_kwargs.items()}",
             False,

@@ -17,7 +17,8 @@ How the probe recognises it
     ``GRPOTrainer._calculate_rewards`` (comments dropped) puts ``self.state`` into
     ``reward_kwargs["trainer_state"]`` and builds the warning's kwargs by indexing every value
     (``value[nan_row_idx] for key, value in reward_kwargs.items()}``): needed. It skips the key
-    (``if key != "trainer_state"``): not needed. No ``trainer_state`` in the reward kwargs (TRL
+    (``if key != "trainer_state"``, 0.22 - 0.29; ``if key not in ("trainer_state", ...)``, 1.0 on):
+    not needed. No ``trainer_state`` in the reward kwargs (TRL
     < 0.20): not needed. Anything else: undecided.
 
 The fix
@@ -52,7 +53,8 @@ METHOD = "_calculate_rewards"
 
 _STATE_KWARG = 'reward_kwargs["trainer_state"] = self.state'
 _INDEXES_EVERY_KWARG = "value[nan_row_idx] for key, value in reward_kwargs.items()}"
-_SKIPS_STATE = 'if key != "trainer_state"'
+# 0.22 - 0.29: one key left out; 1.0 on: a tuple of them ("trainer_state", "log_extra", "log_metric")
+_SKIPS_STATE = ('if key != "trainer_state"', 'if key not in ("trainer_state"')
 
 
 def probe(module):
@@ -62,7 +64,7 @@ def probe(module):
     source = code(method)
     if _STATE_KWARG not in source:
         return not_needed("the reward kwargs carry no trainer_state (TRL < 0.20)")
-    if _SKIPS_STATE in source:
+    if any(skip in source for skip in _SKIPS_STATE):
         return not_needed("the all-None warning leaves trainer_state out (fixed code)")
     if _INDEXES_EVERY_KWARG in source:
         return needed(
