@@ -174,3 +174,23 @@ def test_failures_name_each_failed_test_and_its_message(tmp_path):
         "tests.test_b::test_broken: boom",
     ]
     assert matrix_script("write_results").failures(tmp_path / "missing.xml") == []
+
+
+def test_users_installs_table_names_the_patch_that_fixes_a_plain_training_failure():
+    """USER_INSTALLS.md: a row whose plain run fails at a GRPO step names the applied patch whose symptom
+    holds that error (TRL 1.15.0 without Triton); a row that trains plain names none."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("users_table", ROOT / "matrix" / "user_installs" / "table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    error = "AttributeError: 'NoneType' object has no attribute 'apply'"
+    patch_id = "fused-lm-head-no-triton"
+    row = {
+        "plain": {"mode": "plain", "import": "ok", "full": error, "lora": error},
+        "trl_compat": {"mode": "trl_compat", "import": "ok", "full": "trains", "lora": "trains", "applied": [patch_id]},
+    }
+    assert table.fixed_by_training(row) == "fused-lm-head-no-triton"
+    assert table._cell(row["plain"], row).endswith("(fixed by **fused-lm-head-no-triton**)")
+    row["plain"].update(full="trains", lora="trains")
+    assert table.fixed_by_training(row) == "" and table._cell(row["plain"], row) == "ok / trains / trains"

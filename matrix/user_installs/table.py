@@ -65,14 +65,29 @@ def fixed_by(row: dict) -> str:
     return ", ".join(found) or "?"
 
 
+def fixed_by_training(row: dict) -> str:
+    """The applied patches whose symptom holds the plain run's training error (full or LoRA); "" when
+    the plain run trained or failed at import."""
+    from trl_compat.patches import PATCHES
+
+    plain, applied = row.get("plain") or {}, (row.get("trl_compat") or {}).get("applied", [])
+    errors = {plain.get(k) for k in ("full", "lora")} - {None, "trains"}
+    if plain.get("import", "ok") != "ok" or not errors:
+        return ""
+    found = [p.id for p in PATCHES if p.id in applied and any(error in p.symptom for error in errors)]
+    return ", ".join(found) or "?"
+
+
 def _cell(mode: dict | None, row: dict | None = None) -> str:
     if not mode:
         return "not run"
+    plain = row is not None and mode.get("mode") == "plain"
     if mode.get("import") != "ok":
-        fix = fixed_by(row) if row is not None and mode.get("mode") == "plain" else ""
+        fix = fixed_by(row) if plain else ""
         return f"import: `{mode.get('import')}`" + (f" (fixed by **{fix}**)" if fix else "")
     parts = [mode.get(k, "?") for k in ("full", "lora")]
-    return "ok / " + " / ".join("trains" if p == "trains" else f"`{p}`" for p in parts)
+    fix = fixed_by_training(row) if plain else ""
+    return "ok / " + " / ".join("trains" if p == "trains" else f"`{p}`" for p in parts) + (f" (fixed by **{fix}**)" if fix else "")
 
 
 def _needs(row: dict) -> str:
