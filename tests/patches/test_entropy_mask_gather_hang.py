@@ -20,6 +20,7 @@ from packaging.version import Version
 
 torch = pytest.importorskip("torch")
 
+import written_code
 from versions import installed
 from workers import SUPPORT, Run, two_process_launch
 
@@ -102,7 +103,6 @@ def test_probe_on_installed_trl():
     ],
 )
 def test_probe_on_written_code(tmp_path, body, kind):
-    import importlib.util
     import textwrap
 
     from trl_compat.patches import entropy_mask_gather_hang as patch
@@ -112,9 +112,7 @@ def test_probe_on_written_code(tmp_path, body, kind):
         "class GRPOTrainer:\n    def get_high_entropy_mask(self, entropies, mask, threshold):\n"
         "        local = entropies[mask.bool()]\n" + textwrap.indent(body, " " * 8) + "\n"
     )
-    spec = importlib.util.spec_from_file_location("fake_grpo", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = written_code.load(path)
     assert patch.probe(module).needed is {"needed": True, "not_needed": False, "undecided": None}[kind]
 
 

@@ -19,6 +19,7 @@ from trl_compat.patches import eval_one_generation_nan as patch_module
 import pytest
 from packaging.version import Version
 
+import written_code
 from versions import installed
 
 PATCH_ID = "eval-one-generation-nan"
@@ -46,17 +47,12 @@ NAN = float("nan")
     ],
 )
 def test_probe_on_written_code(tmp_path, monkeypatch, source, verdict):
-    import importlib.util
-    import sys
 
     path = tmp_path / "fake_grpo.py"
     path.write_text(
         f"class GRPOTrainer:\n    def _generate_and_score_completions(self, inputs):\n        mode = 'train'\n        {source}\n"
     )
-    spec = importlib.util.spec_from_file_location("fake_grpo", path)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "fake_grpo", module)  # a class's source is found through its module
-    spec.loader.exec_module(module)
+    module = written_code.load(path, monkeypatch)
     assert patch_module.probe(module).needed is verdict
 
 
@@ -96,48 +92,30 @@ def _trigger():
 
 
 def _trainer(tmp_path):
-    import os
-
     pytest.importorskip("torch")
-    from trl import GRPOTrainer
-
     import grpo_run
     import tiny
 
-    args, _ = grpo_run.make_config(
-        os.path.join(tmp_path, "out"),
+    return grpo_run.make_trainer(
+        tmp_path,
         steps=1,
+        eval_dataset=tiny.prompt_dataset(4),
         num_generations=2,
         num_generations_eval=1,
         per_device_eval_batch_size=4,
         beta=0.0,
         loss_type="grpo",
     )
-    return GRPOTrainer(
-        model=tiny.save_tiny(os.path.join(tmp_path, "tiny-qwen2"), "qwen2"),
-        reward_funcs=[tiny.varying_reward],
-        args=args,
-        train_dataset=tiny.prompt_dataset(8),
-        eval_dataset=tiny.prompt_dataset(4),
-        processing_class=tiny.make_tokenizer(),
-    )
 
 
 def _evaluate(trainer):
     """``evaluate()``'s metrics and the advantages of the batch it scored."""
-    seen = []
-    method = trainer._generate_and_score_completions
+    import grpo_run
 
-    def spy(*args, **kwargs):
-        output = method(*args, **kwargs)
-        seen.append(output["advantages"].detach().clone())
-        return output
-
-    trainer._generate_and_score_completions = spy
+    batches = grpo_run.spy_scored_batches(trainer)
     metrics = trainer.evaluate()
-    del trainer._generate_and_score_completions
-    assert len(seen) == 1 and seen[0].shape == (4,), seen
-    return metrics, seen[0].tolist()
+    assert len(batches) == 1 and batches[0]["advantages"].shape == (4,), batches
+    return metrics, batches[0]["advantages"].tolist()
 
 
 @needs_affected

@@ -19,6 +19,7 @@ from trl_compat.patches import none_reward_warning_state as patch_module
 import pytest
 from packaging.version import Version
 
+import written_code
 from versions import installed
 
 PATCH_ID = "none-reward-warning-state"
@@ -59,8 +60,6 @@ SCORES = [None, 2.0, 0.0, 1.0]
     ],
 )
 def test_probe_on_written_code(tmp_path, monkeypatch, source, verdict):
-    import importlib.util
-    import sys
 
     path = tmp_path / "fake_grpo.py"
     path.write_text(
@@ -69,10 +68,7 @@ def test_probe_on_written_code(tmp_path, monkeypatch, source, verdict):
         "        reward_kwargs = {}\n"
         f"        {source}\n"
     )
-    spec = importlib.util.spec_from_file_location("fake_grpo", path)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "fake_grpo", module)  # a class's source is found through its module
-    spec.loader.exec_module(module)
+    module = written_code.load(path, monkeypatch)
     assert patch_module.probe(module).needed is verdict
 
 

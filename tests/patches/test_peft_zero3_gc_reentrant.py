@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 from packaging.version import Version
 
+import written_code
 from versions import installed
 from workers import launch_two
 
@@ -60,9 +61,7 @@ def _module(tmp_path, init_body):
     path.write_text(
         "class GRPOTrainer:\n    def __init__(self, model, args, peft_config=None):\n" + textwrap.indent(init_body, " " * 8) + "\n"
     )
-    spec = importlib.util.spec_from_file_location("fake_grpo", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = written_code.load(path)
     return module
 
 

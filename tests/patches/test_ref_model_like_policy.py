@@ -19,6 +19,7 @@ import types
 import pytest
 from packaging.version import Version
 
+import written_code
 from cells import only_in_cells
 from versions import installed
 from workers import launch_two
@@ -70,9 +71,7 @@ def _module(tmp_path, init_body, helpers=True):
         functions + "class GRPOTrainer:\n    def __init__(self, model, args):\n"
         "        model_init_kwargs = dict(args.model_init_kwargs or {})\n" + textwrap.indent(init_body, " " * 8) + "\n"
     )
-    spec = importlib.util.spec_from_file_location("fake_grpo", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = written_code.load(path)
     return module
 
 

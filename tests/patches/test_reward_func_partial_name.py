@@ -18,6 +18,7 @@ from trl_compat.patches import reward_func_partial_name as patch_module
 import pytest
 from packaging.version import Version
 
+import written_code
 from versions import installed
 
 PATCH_ID = "reward-func-partial-name"
@@ -78,15 +79,10 @@ def test_object_without_attributes_is_left_alone(caplog):
     ],
 )
 def test_probe_on_written_code(tmp_path, monkeypatch, source, verdict):
-    import importlib.util
-    import sys
 
     path = tmp_path / "fake_grpo.py"
     path.write_text(f"class GRPOTrainer:\n    def __init__(self, reward_funcs):\n        {source}\n")
-    spec = importlib.util.spec_from_file_location("fake_grpo", path)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "fake_grpo", module)  # a class's source is found through its module
-    spec.loader.exec_module(module)
+    module = written_code.load(path, monkeypatch)
     assert patch_module.probe(module).needed is verdict
 
 

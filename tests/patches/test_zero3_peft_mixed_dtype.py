@@ -13,6 +13,7 @@ import importlib.util
 import pytest
 from packaging.version import Version
 
+import written_code
 from versions import installed
 from workers import launch_two
 
@@ -61,7 +62,6 @@ def test_probe_on_installed_trl():
 
 
 def _module(tmp_path, init_body):
-    import importlib.util
     import textwrap
 
     path = tmp_path / "fake_grpo.py"
@@ -69,9 +69,7 @@ def _module(tmp_path, init_body):
         "def get_peft_model(model, config, **kwargs):\n    return model\n\n"
         "class GRPOTrainer:\n    def __init__(self, model, peft_config, args):\n" + textwrap.indent(init_body, " " * 8) + "\n"
     )
-    spec = importlib.util.spec_from_file_location("fake_grpo", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = written_code.load(path)
     return module
 
 

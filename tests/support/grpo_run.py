@@ -288,6 +288,7 @@ def make_trainer(
     steps: int = 3,
     reward_funcs: Callable | list | None = None,
     train_dataset: Any = None,
+    eval_dataset: Any = None,
     processing_class: Any = None,
     peft_config: Any = None,
     trainer_cls: Any = None,
@@ -297,7 +298,8 @@ def make_trainer(
 
     ``model``: ``"qwen2"`` / ``"llama"`` (saved to ``tmpdir`` and passed as a path, so ZeRO-3 and
     vLLM can reload it), a checkpoint directory, or a model instance. ``peft=True`` adds the LoRA
-    config ``r=8`` on all attention and MLP projections (or pass ``peft_config``).
+    config ``r=8`` on all attention and MLP projections (or pass ``peft_config``). ``eval_dataset``:
+    passed as is (None: no evaluation set).
     ``config_overrides`` are ``GRPOConfig`` fields; keys the installed version lacks are dropped
     and listed in ``trainer.tiny_dropped_config_keys``. ``use_vllm="server"`` (TRL >= 0.16): talk to a
     running ``trl vllm-serve`` (pass ``vllm_server_host``/``vllm_server_port``); nothing is checked here.
@@ -333,6 +335,7 @@ def make_trainer(
         reward_funcs=reward_funcs if reward_funcs is not None else [tiny.varying_reward],
         args=args,
         train_dataset=train_dataset if train_dataset is not None else tiny.prompt_dataset(8),
+        eval_dataset=eval_dataset,
         processing_class=processing_class if processing_class is not None else tiny.make_tokenizer(),
         peft_config=peft_config,
     )

@@ -72,17 +72,12 @@ def _is_nan(value) -> bool:
     return isinstance(value, float) and math.isnan(value)
 
 
-def _last_to(values, fix) -> None:
-    """Replace ``values[-1]`` (a list or deque of logged floats) by ``fix(values[-1])``."""
-    if values:
-        values[-1] = fix(values[-1])
-
-
 def _fix_logs(trainer, count: int) -> None:
     metrics = getattr(trainer, "_metrics", {}).get("eval")
     if metrics is not None and metrics.get("reward_std") and _is_nan(metrics["reward_std"][-1]):
-        _last_to(metrics["reward_std"], lambda _: 0.0)
-        _last_to(metrics.get("frac_reward_zero_std", []), lambda _: 1.0)
+        metrics["reward_std"][-1] = 0.0
+        if metrics.get("frac_reward_zero_std"):
+            metrics["frac_reward_zero_std"][-1] = 1.0
     advantages = getattr(trainer, "_logs", {}).get("advantages")
     if advantages:
         for i in range(max(len(advantages) - count, 0), len(advantages)):
