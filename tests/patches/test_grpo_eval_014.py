@@ -67,12 +67,9 @@ def test_probe_agrees_with_the_real_code(unpatched):
 
 
 def _trainer(tmp_path, eval_prompts=4, **overrides):
-    from trl import GRPOTrainer
-
     import grpo_run
 
-    with_eval = functools.partial(GRPOTrainer, eval_dataset=grpo_run.tiny.prompt_dataset(eval_prompts))
-    return grpo_run.make_trainer(tmp_path, trainer_cls=with_eval, **overrides)
+    return grpo_run.make_trainer(tmp_path, eval_dataset=grpo_run.tiny.prompt_dataset(eval_prompts), **overrides)
 
 
 @only_014

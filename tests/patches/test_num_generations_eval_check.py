@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import types
 from collections import Counter
 
@@ -47,13 +46,10 @@ def _config(tmp_path, **settings):
 
 
 def _trainer(tmp_path, reward, **settings):
-    from trl import GRPOTrainer
-
     import grpo_run
     import tiny
 
-    with_eval = functools.partial(GRPOTrainer, eval_dataset=tiny.prompt_dataset(2))
-    return grpo_run.make_trainer(tmp_path, steps=1, reward_funcs=[reward], trainer_cls=with_eval, **EVAL, **settings)
+    return grpo_run.make_trainer(tmp_path, steps=1, reward_funcs=[reward], eval_dataset=tiny.prompt_dataset(2), **EVAL, **settings)
 
 
 class _GroupRecorder:
