@@ -27,8 +27,8 @@ import types
 import pytest
 from packaging.version import Version
 
+import fake_http
 import tool_calls
-from fake_http import JsonResponse
 from versions import installed
 
 PID = "tool-loop-server-generations"
@@ -36,8 +36,6 @@ TRL = installed("trl")
 HAVE_TORCH = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
 BUGGY = TRL is not None and Version("1.0.0") <= TRL < Version("1.14.1")
 TOOL_CALL = {"type": "function", "function": {"name": "multiply", "arguments": {"a": 3, "b": 4}}}
-FIRST_ID = 40  # completion ids the fake server samples: plain vocabulary words, never EOS or pad
-LENGTH = 3  # tokens per completion the fake server returns
 
 
 def multiply(a: int, b: int) -> int:
@@ -167,62 +165,6 @@ def test_wrapper_reads_one_inside_the_loop_and_restores_after():
 # -- a real GRPO step in server mode ---------------------------------------------------------------------
 
 
-class FakeServer:
-    """A vLLM server as TRL 1.x's client sees it (``trl vllm-serve``'s /generate/ up to 1.10, vLLM's own
-    /v1/completions from 1.11): token-id prompts in, ``n`` completions of LENGTH ids per prompt out, each
-    completion new (a counter), and which history each was sampled for."""
-
-    def __init__(self):
-        self.requests = []  # (prompts, n) of each generation request
-        self.sampled_for = {}  # completion ids -> the prompt they were sampled for
-
-    def _sample(self, prompts, n):
-        self.requests.append((prompts, n))
-        completions = []
-        for prompt in prompts:
-            for _ in range(n):
-                start = FIRST_ID + LENGTH * len(self.sampled_for)
-                ids = list(range(start, start + LENGTH))
-                self.sampled_for[tuple(ids)] = tuple(prompt)
-                completions.append((prompt, ids))
-        return completions
-
-    def post(self, url, json=None, **kwargs):
-        if url.endswith("/generate/"):
-            completions = self._sample([list(p) for p in json["prompts"]], json["n"])
-            body = {
-                "prompt_ids": [list(p) for p in json["prompts"]],
-                "completion_ids": [ids for _, ids in completions],
-                "logprobs": [[[-1.0]] * LENGTH for _ in completions],
-                "logprob_token_ids": [[[token] for token in ids] for _, ids in completions],
-            }
-            return JsonResponse(body)
-        if url.endswith("/v1/completions"):  # prompt-major choices, tokens as "token_id:<id>"
-            completions = self._sample([list(p) for p in json["prompt"]], json["n"])
-            choices = [
-                {
-                    "prompt_token_ids": prompt,
-                    "token_ids": ids,
-                    "logprobs": {
-                        "tokens": [f"token_id:{token}" for token in ids],
-                        "token_logprobs": [-1.0] * LENGTH,
-                        "top_logprobs": [None] * LENGTH,
-                    },
-                }
-                for prompt, ids in completions
-            ]
-            return JsonResponse({"choices": choices})
-        return JsonResponse({})
-
-    def get(self, url, **kwargs):
-        if url.endswith("/v1/models"):  # TRL 1.11+ asks for the served model's name when the client is built
-            return JsonResponse({"data": [{"id": "tiny"}]})
-        return JsonResponse({})
-
-    def mount(self, prefix, adapter):
-        pass
-
-
 def _response_template():
     """TRL's new-style Qwen3 response template where transformers parses it (>= 5.13) and TRL then takes
     tools without jmespath (1.10+; 1.9 asks for jmespath whatever it parses with), else None."""
@@ -256,26 +198,7 @@ def _tools_in_server_mode_or_skip(since="1.0.0", before="1.14.1"):
 @pytest.fixture
 def server_mode(monkeypatch):
     _tools_in_server_mode_or_skip()
-    return _fake_server(monkeypatch)
-
-
-def _fake_server(monkeypatch):
-    """TRL's real VLLMClient on a FakeServer (its HTTP session from the start: TRL 1.11+ reads the model
-    name in ``__init__``), without a health check, an NCCL group or a weight transfer."""
-    import torch
-    import trl.generation.vllm_client as client_module
-    from trl.generation.vllm_client import VLLMClient
-
-    server = FakeServer()
-    monkeypatch.setattr(client_module.requests, "Session", lambda: server)
-    monkeypatch.setattr(VLLMClient, "check_server", lambda self, *a, **k: None)
-    monkeypatch.setattr(VLLMClient, "init_communicator", lambda self, *a, **k: None)
-    monkeypatch.setattr(VLLMClient, "update_named_param", lambda self, name, weights: None)
-    monkeypatch.setattr(VLLMClient, "update_named_params", lambda self, metadata, params: list(params), raising=False)
-    monkeypatch.setattr(VLLMClient, "reset_prefix_cache", lambda self: None)
-    monkeypatch.setattr(VLLMClient, "close_communicator", lambda self: None, raising=False)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    return server
+    return fake_http.serve(monkeypatch, fake_http.CompletionServer())
 
 
 def _tool_step(tmp_path, server):
@@ -382,7 +305,7 @@ def test_before_1_0_the_loop_refuses_server_mode(tmp_path, monkeypatch):
     _tools_in_server_mode_or_skip("0.29.1", "1.0.0")
     import trl_compat
 
-    server = _fake_server(monkeypatch)
+    server = fake_http.serve(monkeypatch, fake_http.CompletionServer())
     assert trl_compat.status(PID) == trl_compat.NOT_NEEDED, trl_compat.report()
     with pytest.raises(NotImplementedError, match="Unsupported mode detected: use_vllm=True, vllm_mode=server"):
         _tool_step(tmp_path, server)

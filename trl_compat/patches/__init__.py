@@ -1220,6 +1220,24 @@ PATCHES = [
         },
         remove_when="trl_compat no longer supports TRL 1.11.x and 1.12.x",
     ),
+    # reset_prefix_cache is no other patch's (vllm-weight-transfer-0.28 wraps _post, which the fix no longer calls)
+    Patch(
+        id="vllm-server-reset-prefix-cache",
+        summary="server mode: an empty answer to /reset_prefix_cache (vLLM < 0.26) ends the weight sync, as TRL 1.14.1",
+        symptom="server mode with vLLM < 0.26: the first weight sync raises requests.exceptions.JSONDecodeError: "
+        "Expecting value: line 1 column 1 (char 0)",
+        upstream="vLLM PR #46893 (0.26.0) gave /reset_prefix_cache a JSON body; TRL 1.14.1 reads no body from an older "
+        "vLLM (fixed in 1.14.1)",
+        fixed_in={"trl": "1.14.1"},
+        trigger="trl.generation.vllm_client",
+        must_exist="VLLMClient.reset_prefix_cache",
+        changes=("VLLMClient.reset_prefix_cache",),
+        # the client moved to vLLM's own server in 1.11.0 (1.10 posts to trl vllm-serve's endpoint itself); 1.14.1
+        # branches on the vLLM version, read by the probe
+        requires={"trl": affected("1.11.0", "1.14.1")},
+        witnesses={"trl": {"inside": ["1.11.0.dev0", "1.11.0", "1.12.0", "1.14.0", "1.14.1.dev0"], "outside": ["1.10.0", "1.14.1"]}},
+        remove_when="trl_compat no longer supports TRL 1.11.0 - 1.14.0",
+    ),
     # -- environments (TRL 0.29 - 1.8.x) ---------------------------------------------------------------
     Patch(
         id="environment-prompt-mutation",
