@@ -86,6 +86,7 @@ def test_the_init_patches_declare_it():
         "zero3-peft-mixed-dtype",  # casts a PeftModel's fp32 adapters before TRL's __init__ (DeepSpeed 0.19.2)
         "peft-zero3-gc-reentrant",  # sets use_reentrant before TRL's __init__ reads the config
         "reward-func-partial-name",  # only names the reward functions passed in: any place would do
+        "server-logprobs-mode-check",  # after TRL's __init__, only asks the vLLM server and logs (TRL 1.11 - 1.15)
         "ref-model-like-policy",  # notes the trainer being built for its create_model_from_path wrapper (TRL 0.26+)
     ]
 

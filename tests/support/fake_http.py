@@ -51,12 +51,15 @@ class CompletionServer:
     """A vLLM server as TRL 1.x's client sees it (``trl vllm-serve``'s /generate/ up to 1.10, vLLM's own
     /v1/completions from 1.11): token-id prompts in, ``n`` completions of ``LENGTH`` ids per prompt out,
     each completion new (a counter), and which history each was sampled for. ``reset_answer``: what
-    ``POST /reset_prefix_cache`` gets (vLLM >= 0.26's ``{"success": true}`` unless told)."""
+    ``POST /reset_prefix_cache`` gets (vLLM >= 0.26's ``{"success": true}`` unless told);
+    ``logprobs_mode``: the ``--logprobs-mode`` ``GET /server_info`` reports (None: an answer without it)."""
 
     FIRST_ID = 40  # completion ids: plain vocabulary words of the tiny tokenizers, never EOS or pad
     LENGTH = 3  # tokens per completion
 
-    def __init__(self, reset_answer=None):
+    def __init__(self, reset_answer=None, logprobs_mode=None):
+        self.logprobs_mode = logprobs_mode
+        self.got = []  # every URL asked for (GET), in order
         self.requests = []  # (prompts, n) of each generation request
         self.sampled_for = {}  # completion ids -> the prompt they were sampled for
         self.posted = []  # every URL posted to, in order
@@ -104,6 +107,9 @@ class CompletionServer:
         return JsonResponse({})
 
     def get(self, url, **kwargs):
+        self.got.append(url)
+        if url.endswith("/server_info") and self.logprobs_mode is not None:  # vLLM's, with config_format=json
+            return JsonResponse({"vllm_config": {"model_config": {"logprobs_mode": self.logprobs_mode}}})
         if url.endswith("/v1/models"):  # TRL 1.11+ asks for the served model's name when the client is built
             return JsonResponse({"data": [{"id": "tiny"}]})
         return JsonResponse({})

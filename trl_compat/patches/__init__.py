@@ -1238,6 +1238,22 @@ PATCHES = [
         witnesses={"trl": {"inside": ["1.11.0.dev0", "1.11.0", "1.12.0", "1.14.0", "1.14.1.dev0"], "outside": ["1.10.0", "1.14.1"]}},
         remove_when="trl_compat no longer supports TRL 1.11.0 - 1.14.0",
     ),
+    Patch(
+        id="server-logprobs-mode-check",
+        summary="server mode with the IS correction: the vLLM server's --logprobs-mode is checked when the trainer is "
+        "built, as TRL 1.16.0",
+        symptom="silent: vllm_mode='server' against a server not started with --logprobs-mode processed_logprobs: the "
+        "importance sampling correction divides by raw log-probs",
+        upstream="TRL's grpo_trainer.py, changed between the 1.15.0 and 1.16.0 wheels (a warning; fixed in 1.16.0); "
+        "server mode talks to vLLM's own server from 1.11.0",
+        fixed_in={"trl": "1.16.0"},
+        changes=("GRPOTrainer.__init__",),
+        # 1.11.0 moved server mode to vLLM's own server, whose log-probs mode the user chooses; 1.16.0 reads it,
+        # as the probe does
+        requires={"trl": affected("1.11.0", "1.16.0")},
+        witnesses={"trl": {"inside": ["1.11.0.dev0", "1.11.0", "1.12.0", "1.15.0", "1.16.0.dev0"], "outside": ["1.10.0", "1.16.0"]}},
+        remove_when="trl_compat no longer supports TRL 1.11.0 - 1.15.x",
+    ),
     # -- environments (TRL 0.29 - 1.8.x) ---------------------------------------------------------------
     Patch(
         id="environment-prompt-mutation",
