@@ -483,6 +483,8 @@ APPLIED = {
         "vllm-packed-lora-sync",
         "vllm-lora-merge-drift",
         "ref-model-like-policy",
+        "vllm-server-reset-prefix-cache",
+        "server-logprobs-mode-check",
     },
     "trl-newest": {
         "kl-bias-correction-sequence",

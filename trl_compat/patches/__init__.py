@@ -1234,7 +1234,8 @@ PATCHES = [
         changes=("VLLMClient.reset_prefix_cache",),
         # the client moved to vLLM's own server in 1.11.0 (1.10 posts to trl vllm-serve's endpoint itself); 1.14.1
         # branches on the vLLM version, read by the probe
-        requires={"trl": affected("1.11.0", "1.14.1")},
+        # use_vllm needs vLLM installed on the trainer's side too (VLLMGeneration refuses to start without it)
+        requires={"trl": affected("1.11.0", "1.14.1"), "vllm": ">=0"},
         witnesses={"trl": {"inside": ["1.11.0.dev0", "1.11.0", "1.12.0", "1.14.0", "1.14.1.dev0"], "outside": ["1.10.0", "1.14.1"]}},
         remove_when="trl_compat no longer supports TRL 1.11.0 - 1.14.0",
     ),
@@ -1250,7 +1251,7 @@ PATCHES = [
         changes=("GRPOTrainer.__init__",),
         # 1.11.0 moved server mode to vLLM's own server, whose log-probs mode the user chooses; 1.16.0 reads it,
         # as the probe does
-        requires={"trl": affected("1.11.0", "1.16.0")},
+        requires={"trl": affected("1.11.0", "1.16.0"), "vllm": ">=0"},
         witnesses={"trl": {"inside": ["1.11.0.dev0", "1.11.0", "1.12.0", "1.15.0", "1.16.0.dev0"], "outside": ["1.10.0", "1.16.0"]}},
         remove_when="trl_compat no longer supports TRL 1.11.0 - 1.15.x",
     ),
