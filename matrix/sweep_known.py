@@ -134,4 +134,17 @@ KNOWN = {
     # ledger record 1.15.0..1.16.0#3 (wheel diff); the reference reloaded for every non-PEFT run since PR #3575 (0.19.0),
     # through create_model_from_path (the call the patch corrects) since PR #4577 (2af35fb0d, 0.26.0)
     "ref-model-like-policy": lambda v, vs: V("0.26.0") <= v < V("1.16.0"),
+    # ledger f19fda4c0 (PR #5458, 1.1.0); the three-conversation prefix check came with 0.29.1
+    "tools-template-prefix-check": lambda v, vs: V("0.29.1") <= v < V("1.1.0"),
+    # ledger e2eaa2334 (PR #3936, 0.22.0); the None-reward warning that indexes every reward kwarg came with 0.20.0
+    "none-reward-warning-state": lambda v, vs: V("0.20.0") <= v < V("0.22.0"),
+    # ledger 37ad7c2e7 (PR #4662, 0.27.0); num_generations_eval came with 0.26.0
+    "eval-one-generation-nan": lambda v, vs: V("0.26.0") <= v < V("0.27.0"),
+    # wheel diffs 1.14.2..1.15.0 (the Triton-only fused LM head) and 1.15.0..1.16.0 (the torch fallback); the sweep
+    # runs on the CPU, where Triton cannot run
+    "fused-lm-head-no-triton": lambda v, vs: v == V("1.15.0") or (v.is_devrelease and V("1.15.0.dev0") <= v < V("1.16.0.dev0")),
+    # wheel diff 1.14.0..1.14.1: vLLM's own server (1.11.0) answers /reset_prefix_cache without a body below vLLM 0.26
+    "vllm-server-reset-prefix-cache": lambda v, vs: _v(vs, "vllm") is not None and V("1.11.0") <= v < V("1.14.1"),
+    # wheel diff 1.15.0..1.16.0#4: the server's --logprobs-mode, the user's choice from 1.11.0 (vLLM's own server)
+    "server-logprobs-mode-check": lambda v, vs: _v(vs, "vllm") is not None and V("1.11.0") <= v < V("1.16.0"),
 }
