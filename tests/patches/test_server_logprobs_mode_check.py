@@ -15,7 +15,6 @@ the importance sampling correction then divides by raw log-probs. TRL 1.16.0 ask
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 
 from trl_compat.patches import server_logprobs_mode_check as patch_module
@@ -127,25 +126,10 @@ def test_a_404_names_the_dev_mode():
 
 
 def _build_or_skip():
-    if not BUGGY:
-        pytest.skip(f"TRL {TRL}: the trainer is built on TRL 1.11.0 - 1.15.x (the trl1.12.0-tf5.16.1 cell)")
-    if any(importlib.util.find_spec(m) is None for m in ("torch", "transformers", "requests")):
-        pytest.skip("needs torch, transformers and requests")
-    import grpo_run
-
-    if not grpo_run.standin_vllm_installed():
-        pytest.skip("TRL's server mode needs an importable vllm (the stand-in)")
+    fake_http.server_mode_or_skip(BUGGY, "1.11.0 - 1.15.x (the trl1.12.0-tf5.16.1 cell)")
 
 
-def _server_trainer(tmp_path, monkeypatch, server, **config):
-    import grpo_run
-
-    fake_http.serve(monkeypatch, server)
-    trainer = grpo_run.make_trainer(
-        tmp_path, steps=1, use_vllm="server", vllm_server_host="127.0.0.1", vllm_server_timeout=1, **config
-    )
-    assert trainer.vllm_generation.vllm_client.session is server
-    return trainer
+_server_trainer = fake_http.server_trainer
 
 
 def _warnings(caplog):

@@ -149,26 +149,12 @@ def test_wrapper_hands_a_call_with_arguments_to_the_original():
 
 
 def _server_mode_or_skip():
-    if not BUGGY:
-        pytest.skip(f"TRL {TRL}: the step runs on TRL 1.11.0 - 1.14.0 (the trl1.12.0-tf5.16.1 cell)")
-    if any(importlib.util.find_spec(m) is None for m in ("torch", "transformers", "requests")):
-        pytest.skip("needs torch, transformers and requests")
-    import grpo_run
-
-    if not grpo_run.standin_vllm_installed():
-        pytest.skip("TRL's server mode needs an importable vllm (the stand-in)")
+    fake_http.server_mode_or_skip(BUGGY, "1.11.0 - 1.14.0 (the trl1.12.0-tf5.16.1 cell)")
 
 
 def _server_step(tmp_path, monkeypatch, server):
-    """One GRPO step in server mode, TRL's real VLLMClient on ``server`` (a ``CompletionServer``); returns
-    the trainer after ``train()``."""
-    import grpo_run
-
-    fake_http.serve(monkeypatch, server, reset_prefix_cache=True)
-    trainer = grpo_run.make_trainer(
-        tmp_path, steps=1, use_vllm="server", vllm_server_host="127.0.0.1", vllm_server_timeout=1, max_completion_length=8
-    )
-    assert trainer.vllm_generation.vllm_client.session is server
+    """One GRPO step in server mode on ``server``, its resets posted to it; returns the trainer after ``train()``."""
+    trainer = fake_http.server_trainer(tmp_path, monkeypatch, server, reset_prefix_cache=True, max_completion_length=8)
     trainer.train()
     return trainer
 

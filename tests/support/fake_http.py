@@ -136,3 +136,32 @@ def serve(monkeypatch, server, reset_prefix_cache=False):
     monkeypatch.setattr(VLLMClient, "close_communicator", lambda self: None, raising=False)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     return server
+
+
+def server_mode_or_skip(in_window: bool, window: str):
+    """Skip a server-mode trainer test outside its TRL ``window`` (``in_window`` False) or where TRL's
+    server mode cannot start here (no torch/transformers/requests, no importable vllm)."""
+    import importlib.util
+
+    import pytest
+
+    if not in_window:
+        pytest.skip(f"the server-mode trainer runs on TRL {window}")
+    if any(importlib.util.find_spec(m) is None for m in ("torch", "transformers", "requests")):
+        pytest.skip("needs torch, transformers and requests")
+    import grpo_run
+
+    if not grpo_run.standin_vllm_installed():
+        pytest.skip("TRL's server mode needs an importable vllm (the stand-in)")
+
+
+def server_trainer(tmp_path, monkeypatch, server, reset_prefix_cache=False, **config):
+    """A one-step GRPOTrainer in server mode whose real ``VLLMClient`` talks to ``server`` (``serve``)."""
+    import grpo_run
+
+    serve(monkeypatch, server, reset_prefix_cache=reset_prefix_cache)
+    trainer = grpo_run.make_trainer(
+        tmp_path, steps=1, use_vllm="server", vllm_server_host="127.0.0.1", vllm_server_timeout=1, **config
+    )
+    assert trainer.vllm_generation.vllm_client.session is server
+    return trainer
