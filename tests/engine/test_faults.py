@@ -2,7 +2,8 @@
 exactly as before or exactly as patched, with a clear log line.
 
 Every test is parametrised over the patches that apply in this cell; the others
-are skipped with the reason."""
+are skipped with the reason, and so is a patch in a default cell inside its window, whose two
+ends run it (tests/support/cells.py)."""
 
 import json
 import logging
@@ -16,7 +17,7 @@ from trl_compat.patches import PATCHES
 
 import pytest
 
-from cells import engine_cells
+from cells import engine_cells, skip_inside_window
 
 pytest.importorskip("trl")
 import trl.models.utils
@@ -68,6 +69,7 @@ def applied_patch(request, monkeypatch):
     monkeypatch.delenv("TRL_COMPAT_STRICT", raising=False)
     if trl_compat.status(pid) != trl_compat.APPLIED:
         pytest.skip(f"{pid} is {trl_compat.status(pid)} in this cell")
+    skip_inside_window(pid)
     saved = testing.snapshot()
     stack = stacked_with(pid)
     was_applied = trl_compat.applied()
