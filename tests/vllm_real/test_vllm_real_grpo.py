@@ -14,7 +14,8 @@ itself: every ``load_weights`` call on the model inside vLLM (the names it recei
   rounding in the LoRA-wrapped base weights, which is checked to stay there), and where the prefix
   cache is on, it is reset after each sync before the next generate.
 * Without the patch, each bug by value: 0.14.0 + LoRA: vLLM's own ``ValueError: There is no module
-  or parameter named 'base_model'``; 0.15.0 + LoRA: vLLM holds the un-merged base weights;
+  or parameter named 'base_model'``, and with ``torch_compile=True`` ``... named '_orig_mod'``;
+  0.15.0 + LoRA: vLLM holds the un-merged base weights;
   0.15.x: ``reset_prefix_cache`` is never called and the step after a sync is served prompt KV
   cached under the old weights.
 
@@ -259,3 +260,45 @@ def test_trl_0_15_prefix_cache_is_fresh_after_each_sync_with_the_patch(tmp_path)
     cached = spy.cached_per_generate()
     # the step after the sync starts from an empty cache, like step 0
     assert cached[1] == cached[0], cached
+
+
+@pytest.fixture
+def compiled_policy(monkeypatch):
+    """``torch_compile=True`` with the eager backend (no compiler run): accelerate's ``prepare`` wraps the
+    policy in torch.compile's ``OptimizedModule``. TrainingArguments writes the backend into os.environ,
+    where every later trainer of this process would find it: monkeypatch takes it back."""
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "no")
+    return dict(torch_compile=True, torch_compile_backend="eager")
+
+
+def test_trl_0_14_torch_compile_names_reproduced_on_real_vllm(tmp_path, unpatched, compiled_policy):
+    """TRL 0.14.0 (PR #2750, fixed in 0.15.0): the inline sync sends the compiled wrapper's
+    ``state_dict()``, every name under ``_orig_mod.``, and vLLM refuses the first one."""
+    _unpatched_case("lora-names")
+    with unpatched("vllm-lora-names"):
+        trainer = grpo_run.make_trainer(tmp_path, use_vllm=True, steps=STEPS, **compiled_policy)
+        spy = EngineSpy(trainer)
+        with pytest.raises(ValueError, match=r"There is no module or parameter named '_orig_mod' in Qwen2ForCausalLM"):
+            trainer.train()
+    sent = next(names for kind, names in spy.events if kind == "load")
+    assert sent and all(name.startswith("_orig_mod.") for name in sent), sent[:3]
+    assert "_orig_mod.model.layers.0.self_attn.q_proj.weight" in sent
+
+
+def test_trl_0_14_torch_compile_trains_with_the_patch(tmp_path, compiled_policy):
+    """vllm-lora-names's sync peels torch.compile's wrapper: vLLM gets plain names and holds the
+    training weights after the sync."""
+    _unpatched_case("lora-names")
+    assert trl_compat.status("vllm-lora-names") == trl_compat.APPLIED, trl_compat.report()
+    trainer = grpo_run.make_trainer(
+        tmp_path, use_vllm=True, steps=STEPS, train_dataset=dataset(), max_prompt_length=64, **compiled_policy
+    )
+    spy = EngineSpy(trainer)
+    trainer.train()
+    assert type(trainer.model_wrapped).__name__ == "OptimizedModule"  # the run really was compiled
+    assert len(grpo_run.train_losses(trainer.state.log_history)) == STEPS
+    assert [s["step"] for s in spy.syncs] == SYNC_STEPS
+    for sync in spy.syncs:
+        assert sorted(sync["names"]) == sorted(sync["merged"])
+        assert not any(name.startswith("_orig_mod.") for name in sync["names"])
+        assert real_vllm.mismatches(sync["held"], sync["merged"]) == []

@@ -7,6 +7,11 @@ names are ``base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight``
 or parameter named 'base_model' in Qwen2ForCausalLM``. Even with the names fixed, the adapter
 is never merged, so vLLM would sample from the base model.
 
+The same sync sends a ``torch_compile=True`` policy under its compile wrapper's names
+(``_orig_mod.model.layers.0...``), and vLLM fails with ``ValueError: There is no module or parameter
+named '_orig_mod'`` (PR #2750, ``bd946f93c``, fixed in 0.15.0, which unwraps it). This patch's sync
+reads ``trainer.model`` with every wrapper peeled, so it ends both.
+
 Where it shows: TRL 0.14.0 (sync inline in ``compute_loss``) and main-branch 0.15.0.dev0 builds
 before PR #2725 (``81221661c``): inline in ``_prepare_inputs`` from PR #2762, in a
 ``_move_model_to_vllm`` method from PR #2817.
