@@ -134,6 +134,8 @@ KNOWN = {
     # ledger record 1.15.0..1.16.0#3 (wheel diff); the reference reloaded for every non-PEFT run since PR #3575 (0.19.0),
     # through create_model_from_path (the call the patch corrects) since PR #4577 (2af35fb0d, 0.26.0)
     "ref-model-like-policy": lambda v, vs: V("0.26.0") <= v < V("1.16.0"),
+    # ledger 7eaaf64a5 (PR #6330, 1.9.0); cast_lm_head_to_fp32 came with PR #4303 (41c8ca1ad, 0.25.0)
+    "lm-head-fp32-sharded": lambda v, vs: V("0.25.0") <= v < V("1.9.0"),
     # ledger f19fda4c0 (PR #5458, 1.1.0); the three-conversation prefix check came with 0.29.1
     "tools-template-prefix-check": lambda v, vs: V("0.29.1") <= v < V("1.1.0"),
     # ledger e2eaa2334 (PR #3936, 0.22.0); the None-reward warning that indexes every reward kwarg came with 0.20.0

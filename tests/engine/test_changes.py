@@ -189,6 +189,7 @@ def test_the_grpo_trainer_init_patches_stack_in_registry_order():
         "peft-zero3-gc-reentrant",
         "reward-func-partial-name",  # only names the reward functions passed in: any place would do
         "server-logprobs-mode-check",  # after TRL's __init__, only asks the vLLM server and logs
+        "lm-head-fp32-sharded",  # after TRL's __init__, replaces the fp32 LM heads' forward
         "ref-model-like-policy",  # only notes the trainer being built, for its create_model_from_path wrapper
     ]
     assert derived == declaring

@@ -87,6 +87,7 @@ def test_the_init_patches_declare_it():
         "peft-zero3-gc-reentrant",  # sets use_reentrant before TRL's __init__ reads the config
         "reward-func-partial-name",  # only names the reward functions passed in: any place would do
         "server-logprobs-mode-check",  # after TRL's __init__, only asks the vLLM server and logs (TRL 1.11 - 1.15)
+        "lm-head-fp32-sharded",  # after TRL's __init__, replaces the fp32 LM heads' forward (TRL 0.25 - 1.8)
         "ref-model-like-policy",  # notes the trainer being built for its create_model_from_path wrapper (TRL 0.26+)
     ]
 

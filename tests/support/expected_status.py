@@ -280,6 +280,7 @@ APPLIED = {
         "vllm-sleep-mode-weights",
         "fsdp2-ignored-params-sync",
         "ref-model-like-policy",
+        "lm-head-fp32-sharded",
     },
     # vLLM (stand-in) 0.14.0; the first release with the generation-config fix
     "trl0.26.2-tf4.57.3": {
@@ -300,6 +301,7 @@ APPLIED = {
         "vllm-sleep-mode-weights",
         "fsdp2-ignored-params-sync",
         "ref-model-like-policy",
+        "lm-head-fp32-sharded",
     },
     # TRL 0.27.1 on transformers 5.1.0 (peft 0.18.1, no vLLM, no deepspeed): the last release that sets warnings_issued
     # transformers 5: TRL 0.28 takes tools=[...]
@@ -315,6 +317,7 @@ APPLIED = {
         "tool-iterations-zero",
         "transformers5-warnings-issued",
         "ref-model-like-policy",
+        "lm-head-fp32-sharded",
     },
     "trl0.28.0-tf4.57.6": {
         "kl-bias-correction-sequence",
@@ -333,6 +336,7 @@ APPLIED = {
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
         "ref-model-like-policy",
+        "lm-head-fp32-sharded",
     },
     "trl0.28.0-tf5.2.0": {
         "kl-bias-correction-sequence",
@@ -352,6 +356,7 @@ APPLIED = {
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
         "ref-model-like-policy",
+        "lm-head-fp32-sharded",
     },
     "trl0.29.1-tf4.57.6": {
         "tools-template-prefix-check",
@@ -371,6 +376,7 @@ APPLIED = {
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
         "ref-model-like-policy",
+        "lm-head-fp32-sharded",
     },
     "trl0.29.1-tf5.2.0": {
         "tools-template-prefix-check",
@@ -391,6 +397,7 @@ APPLIED = {
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
         "ref-model-like-policy",
+        "lm-head-fp32-sharded",
     },
     # TRL 1.x: stand-in vLLM 0.17.1 / 0.18.0 / 0.25.1 / 0.26.0 / 0.28.0; DeepSpeed 0.19.2 / 0.19.1 / 0.19.3 / - / -
     "trl1.0.0-tf4.57.6-ds0.19.2": {
@@ -413,6 +420,7 @@ APPLIED = {
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
         "ref-model-like-policy",
+        "lm-head-fp32-sharded",
     },
     "trl1.4.0-tf5.5.4-ds0.19.1": {
         "kl-bias-correction-sequence",
@@ -433,6 +441,7 @@ APPLIED = {
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
         "ref-model-like-policy",
+        "lm-head-fp32-sharded",
     },
     "trl1.9.2-tf5.14.1-ds0.19.3": {
         "kl-bias-correction-sequence",
@@ -622,6 +631,7 @@ APPLIED = {
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
         "ref-model-like-policy",
+        "lm-head-fp32-sharded",
     },
 }
 

@@ -1459,6 +1459,29 @@ PATCHES = [
         fixed_in={"trl": "1.10.0"},
         remove_when="TRL < 1.10.0 is no longer supported",
     ),
+    # -- cast_lm_head_to_fp32 under ZeRO-3 / FSDP (TRL 0.25 - 1.8) ------------------------------------
+    # its GRPOTrainer.__init__ wrapper acts after TRL's __init__, on the LM heads' forward only, which no other
+    # patch touches: its place among the others does not matter
+    Patch(
+        id="lm-head-fp32-sharded",
+        summary="cast_lm_head_to_fp32: the LM head casts its weight to fp32 at each call, as TRL 1.9.0, not once at "
+        "init (ZeRO-3 / FSDP gather it back in bf16)",
+        symptom="RuntimeError: expected m1 and m2 to have the same dtype, but got: float != c10::BFloat16 (first generation; "
+        "cast_lm_head_to_fp32=True under ZeRO-3 or FSDP with bf16)",
+        upstream="https://github.com/huggingface/trl/pull/6330 (fixed in 1.9.0)",
+        fixed_in={"trl": "1.9.0"},
+        changes=("GRPOTrainer.__init__",),
+        # cast_lm_head_to_fp32 came with PR #4303 (41c8ca1ad, 0.25.0.dev0); main fixed it in 7eaaf64a5 (1.9.0.dev0):
+        # the probe reads both
+        requires={"trl": affected("0.25.0", "1.9.0")},
+        witnesses={
+            "trl": {
+                "inside": ["0.25.0.dev0", "0.25.0", "0.26.2", "0.29.1", "1.0.0", "1.8.0", "1.9.0.dev0"],
+                "outside": ["0.24.0", "1.9.0", "1.16.0"],
+            }
+        },
+        remove_when="trl_compat no longer supports TRL 0.25.0 - 1.8.x",
+    ),
     # -- the reference model (TRL 0.26 - 1.15) ----------------------------------------------------------
     # its GRPOTrainer.__init__ wrapper only notes the trainer being built: its place among the others does not matter
     Patch(
