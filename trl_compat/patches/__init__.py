@@ -78,6 +78,25 @@ UNWRAP_BINDINGS = (
     ),
 )
 
+# The modules of TRL 0.26.0 - 1.0.x that bind trl.data_utils.prepare_multimodal_messages by name (the trainer
+# module's own binding first): vlm-tool-messages rebinds each one it finds loaded to its wrapper.
+MULTIMODAL_MESSAGES_BINDINGS = (
+    "prepare_multimodal_messages",
+    *(
+        f"{module}:prepare_multimodal_messages"
+        for module in (
+            "trl",
+            "trl.data_utils",
+            "trl.trainer.dpo_trainer",
+            "trl.trainer.rloo_trainer",
+            "trl.trainer.sft_trainer",
+            "trl.experimental.dppo.dppo_trainer",
+            "trl.experimental.gfpo.gfpo_trainer",
+            "trl.experimental.grpo_with_replay_buffer.grpo_with_replay_buffer_trainer",
+        )
+    ),
+)
+
 # The method that tokenises the prompts and calls vLLM, which the three prompt patches wrap:
 # compute_loss (0.14), _prepare_inputs (0.15), _generate_and_score_completions (0.16 - 0.23),
 # _generate_single_turn (0.24.0.dev0 builds before PR #4152, vllm-double-bos's last window).
@@ -780,6 +799,32 @@ PATCHES = [
         requires={"trl": affected("0.29.1", "1.1.0")},
         witnesses={"trl": {"inside": ["0.29.1", "1.0.0.dev0", "1.0.0", "1.1.0.dev0"], "outside": ["0.29.0", "1.1.0"]}},
         remove_when="TRL 0.29.1 - 1.0.x are no longer supported",
+    ),
+    # the one entry that wraps prepare_multimodal_messages (the trainer module's binding and trl.data_utils')
+    Patch(
+        id="vlm-tool-messages",
+        summary="VLM prompts with a tool call's turns: prepare_multimodal_messages keeps tool messages and content-less "
+        "assistant turns, and wraps their strings (an empty one too) in a text block, as TRL 1.1.0 does",
+        symptom=(
+            "ValueError: Invalid role in message: tool. Expected 'user', 'assistant', or 'system'. (0.26.0 - 0.29.0); "
+            "TypeError: string indices must be integers, not 'str' (0.29.1 - 1.0.x): first step, images and tool turns"
+        ),
+        upstream=(
+            "https://github.com/huggingface/trl/pull/5496 and https://github.com/huggingface/trl/pull/5440 (tool and "
+            "empty strings wrapped: fixed in 1.1.0); https://github.com/huggingface/trl/pull/5212 (the tool role, in 0.29.1)"
+        ),
+        fixed_in={"trl": "1.1.0"},
+        changes=MULTIMODAL_MESSAGES_BINDINGS,
+        # tool calling came with PR #4300 (0.26.0); PR #5212 (0.29.1) took the tool role but left its string bare,
+        # PRs #5440 (0cb9667f3) and #5496 (d4caab865, 1.1.0.dev0) wrap it: the probe tells the dev builds apart
+        requires={"trl": affected("0.26.0", "1.1.0")},
+        witnesses={
+            "trl": {
+                "inside": ["0.26.0.dev0", "0.26.0", "0.28.0", "0.29.0", "0.29.1", "1.0.0", "1.1.0.dev0"],
+                "outside": ["0.25.1", "1.1.0"],
+            }
+        },
+        remove_when="TRL 0.26.0 - 1.0.x are no longer supported",
     ),
     # -- advice: known breaks an upgrade ends ------------------------------------------------------
     # Known breaks with newer (or older) vLLM / transformers / peft that no fix here could be
