@@ -138,6 +138,9 @@ KNOWN = {
     "lm-head-fp32-sharded": lambda v, vs: V("0.25.0") <= v < V("1.9.0"),
     # ledger f19fda4c0 (PR #5458, 1.1.0); the three-conversation prefix check came with 0.29.1
     "tools-template-prefix-check": lambda v, vs: V("0.29.1") <= v < V("1.1.0"),
+    # ledger f9df7ba45 (PR #5212, 0.29.1: the tool role) and 0cb9667f3, d4caab865 (PRs #5440, #5496, 1.1.0: tool and
+    # empty strings wrapped); tool calling came with PR #4300 (0.26.0)
+    "vlm-tool-messages": lambda v, vs: V("0.26.0") <= v < V("1.1.0"),
     # ledger e2eaa2334 (PR #3936, 0.22.0); the None-reward warning that indexes every reward kwarg came with 0.20.0
     "none-reward-warning-state": lambda v, vs: V("0.20.0") <= v < V("0.22.0"),
     # ledger 37ad7c2e7 (PR #4662, 0.27.0); num_generations_eval came with 0.26.0

@@ -281,6 +281,7 @@ APPLIED = {
         "fsdp2-ignored-params-sync",
         "ref-model-like-policy",
         "lm-head-fp32-sharded",
+        "vlm-tool-messages",
     },
     # vLLM (stand-in) 0.14.0; the first release with the generation-config fix
     "trl0.26.2-tf4.57.3": {
@@ -302,6 +303,7 @@ APPLIED = {
         "fsdp2-ignored-params-sync",
         "ref-model-like-policy",
         "lm-head-fp32-sharded",
+        "vlm-tool-messages",
     },
     # TRL 0.27.1 on transformers 5.1.0 (peft 0.18.1, no vLLM, no deepspeed): the last release that sets warnings_issued
     # transformers 5: TRL 0.28 takes tools=[...]
@@ -318,6 +320,7 @@ APPLIED = {
         "transformers5-warnings-issued",
         "ref-model-like-policy",
         "lm-head-fp32-sharded",
+        "vlm-tool-messages",
     },
     "trl0.28.0-tf4.57.6": {
         "kl-bias-correction-sequence",
@@ -337,6 +340,7 @@ APPLIED = {
         "fsdp2-ignored-params-sync",
         "ref-model-like-policy",
         "lm-head-fp32-sharded",
+        "vlm-tool-messages",
     },
     "trl0.28.0-tf5.2.0": {
         "kl-bias-correction-sequence",
@@ -357,6 +361,7 @@ APPLIED = {
         "fsdp2-ignored-params-sync",
         "ref-model-like-policy",
         "lm-head-fp32-sharded",
+        "vlm-tool-messages",
     },
     "trl0.29.1-tf4.57.6": {
         "tools-template-prefix-check",
@@ -377,6 +382,7 @@ APPLIED = {
         "fsdp2-ignored-params-sync",
         "ref-model-like-policy",
         "lm-head-fp32-sharded",
+        "vlm-tool-messages",
     },
     "trl0.29.1-tf5.2.0": {
         "tools-template-prefix-check",
@@ -398,6 +404,7 @@ APPLIED = {
         "fsdp2-ignored-params-sync",
         "ref-model-like-policy",
         "lm-head-fp32-sharded",
+        "vlm-tool-messages",
     },
     # TRL 1.x: stand-in vLLM 0.17.1 / 0.18.0 / 0.25.1 / 0.26.0 / 0.28.0; DeepSpeed 0.19.2 / 0.19.1 / 0.19.3 / - / -
     "trl1.0.0-tf4.57.6-ds0.19.2": {
@@ -416,6 +423,7 @@ APPLIED = {
         "tool-iterations-zero",
         "tool-loop-server-generations",
         "vllm-sleep-mode-weights",
+        "vlm-tool-messages",
         "zero3-peft-mixed-dtype",
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
@@ -632,6 +640,7 @@ APPLIED = {
         "fsdp2-ignored-params-sync",
         "ref-model-like-policy",
         "lm-head-fp32-sharded",
+        "vlm-tool-messages",
     },
 }
 
