@@ -22,8 +22,9 @@ The bug
       (``message.get("content") and isinstance(...)``). A tool result stays a bare string, which
       transformers' ``ProcessorMixin.apply_chat_template`` iterates, when it tokenises, as content
       blocks: ``content["type"]`` on a character raises the TypeError above. An assistant turn with
-      ``"content": ""`` stays ``""``, and the templates that read the content as a list
-      (Idefics2/3, SmolVLM, LLaVA, Qwen3-VL: ``message['content'][0]['type']``) raise
+      ``"content": ""`` (as TRL's own ``parse_response`` writes a tool call's turn) stays ``""``, on
+      which the templates of several processors raise (PR #5496 names Idefics2/3, SmolVLM, LLaVA,
+      LLaVA-NeXT, Qwen3-VL); Idefics3/SmolVLM's reads ``message['content'][0]['type']``:
       ``jinja2.exceptions.UndefinedError: str object has no element 0``.
 
     Upstream: PR #5440 (``0cb9667f3``) wraps a tool message's string, PR #5496 (``d4caab865``) an empty
