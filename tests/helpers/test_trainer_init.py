@@ -75,3 +75,29 @@ def test_complete_binding_gives_no_arguments_when_one_is_missing():
         patcher.undo()
     assert got[0] == {}
     assert got[1]["args"] == "config"
+
+
+def test_during_wraps_trls_call_and_ends_when_it_raises():
+    import contextlib
+
+    module, cls = trainer_module()
+    module.GRPOTrainer = cls
+    log = []
+
+    @contextlib.contextmanager
+    def during(trainer, arguments):
+        log.append(("enter", arguments.get("args"), hasattr(trainer, "calls")))
+        try:
+            yield
+        finally:
+            log.append(("exit", getattr(trainer, "calls", [("none",)])[-1][0]))
+
+    patcher = Patcher("test-around-init")
+    around_init(during=during)(module, patcher)
+    try:
+        cls("m", ["r"], args="config")
+        with pytest.raises(TypeError):
+            cls("m", model="again")
+    finally:
+        patcher.undo()
+    assert log == [("enter", "config", False), ("exit", "init"), ("enter", None, False), ("exit", "none")]
