@@ -136,6 +136,13 @@ KNOWN = {
     "ref-model-like-policy": lambda v, vs: V("0.26.0") <= v < V("1.16.0"),
     # ledger 7eaaf64a5 (PR #6330, 1.9.0); cast_lm_head_to_fp32 came with PR #4303 (41c8ca1ad, 0.25.0)
     "lm-head-fp32-sharded": lambda v, vs: V("0.25.0") <= v < V("1.9.0"),
+    # ledger 0591272af (PR #6043, 1.7.0); the "ref" adapter came with PR #4723 (42cce51cf, 0.27.0), peft refuses a
+    # second target_parameters LoRA adapter from PR #2710 (0.17.1) to PR #3350 (0.20.0)
+    "peft-target-parameters-ref-adapter": lambda v, vs: (
+        V("0.27.0") <= v < V("1.7.0") and V("0.17.1") <= (_v(vs, "peft") or V("0")) < V("0.20.0")
+    ),
+    # ledger record 1.9.2..1.10.0#3 (wheel diff): PR #6043's skip of the "ref" copy, also where peft >= 0.20 accepts it
+    "peft-target-parameters-ref-copy": lambda v, vs: V("1.7.0") <= v < V("1.10.0") and (_v(vs, "peft") or V("0")) >= V("0.20.0"),
     # ledger f19fda4c0 (PR #5458, 1.1.0); the three-conversation prefix check came with 0.29.1
     "tools-template-prefix-check": lambda v, vs: V("0.29.1") <= v < V("1.1.0"),
     # ledger f9df7ba45 (PR #5212, 0.29.1: the tool role) and 0cb9667f3, d4caab865 (PRs #5440, #5496, 1.1.0: tool and

@@ -83,6 +83,8 @@ def test_the_init_patches_declare_it():
         "generation-eos-ids",  # after TRL's __init__, sets TRL's own generation config (TRL 0.24+)
         "scale-rewards-swapped",
         "dora-magnitude-bf16",  # after TRL's __init__, undoes its bf16 cast of the DoRA magnitudes (TRL 0.26+)
+        "peft-target-parameters-ref-adapter",  # for TRL's call only, the PeftModel passed in skips the "ref" adapter (0.27 - 1.6)
+        "peft-target-parameters-ref-copy",  # makes the "ref" copy before TRL's call, inside zero3-peft-mixed-dtype (1.7 - 1.9)
         "zero3-peft-mixed-dtype",  # casts a PeftModel's fp32 adapters before TRL's __init__ (DeepSpeed 0.19.2)
         "peft-zero3-gc-reentrant",  # sets use_reentrant before TRL's __init__ reads the config
         "reward-func-partial-name",  # only names the reward functions passed in: any place would do

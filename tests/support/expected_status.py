@@ -321,6 +321,7 @@ APPLIED = {
         "ref-model-like-policy",
         "lm-head-fp32-sharded",
         "vlm-tool-messages",
+        "peft-target-parameters-ref-adapter",
     },
     "trl0.28.0-tf4.57.6": {
         "kl-bias-correction-sequence",
@@ -341,6 +342,7 @@ APPLIED = {
         "ref-model-like-policy",
         "lm-head-fp32-sharded",
         "vlm-tool-messages",
+        "peft-target-parameters-ref-adapter",
     },
     "trl0.28.0-tf5.2.0": {
         "kl-bias-correction-sequence",
@@ -362,6 +364,7 @@ APPLIED = {
         "ref-model-like-policy",
         "lm-head-fp32-sharded",
         "vlm-tool-messages",
+        "peft-target-parameters-ref-adapter",
     },
     "trl0.29.1-tf4.57.6": {
         "tools-template-prefix-check",
@@ -383,6 +386,7 @@ APPLIED = {
         "ref-model-like-policy",
         "lm-head-fp32-sharded",
         "vlm-tool-messages",
+        "peft-target-parameters-ref-adapter",
     },
     "trl0.29.1-tf5.2.0": {
         "tools-template-prefix-check",
@@ -405,6 +409,7 @@ APPLIED = {
         "ref-model-like-policy",
         "lm-head-fp32-sharded",
         "vlm-tool-messages",
+        "peft-target-parameters-ref-adapter",
     },
     # TRL 1.x: stand-in vLLM 0.17.1 / 0.18.0 / 0.25.1 / 0.26.0 / 0.28.0; DeepSpeed 0.19.2 / 0.19.1 / 0.19.3 / - / -
     "trl1.0.0-tf4.57.6-ds0.19.2": {
@@ -429,6 +434,7 @@ APPLIED = {
         "fsdp2-ignored-params-sync",
         "ref-model-like-policy",
         "lm-head-fp32-sharded",
+        "peft-target-parameters-ref-adapter",
     },
     "trl1.4.0-tf5.5.4-ds0.19.1": {
         "kl-bias-correction-sequence",
@@ -450,6 +456,7 @@ APPLIED = {
         "fsdp2-ignored-params-sync",
         "ref-model-like-policy",
         "lm-head-fp32-sharded",
+        "peft-target-parameters-ref-adapter",
     },
     "trl1.9.2-tf5.14.1-ds0.19.3": {
         "kl-bias-correction-sequence",
@@ -473,6 +480,7 @@ APPLIED = {
         "entropy-coef-normalizer",
         "requests-optional",
         "ref-model-like-policy",
+        "peft-target-parameters-ref-copy",
     },
     # a user's install of 1.15.0 resolved today, the CPU torch: no Triton, no requests, no vLLM, no DeepSpeed
     "trl1.15.0-tf5.24.0-user": {

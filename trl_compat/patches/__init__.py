@@ -1054,6 +1054,49 @@ PATCHES = [
         witnesses={"trl": {"inside": ["0.26.0.dev0", "0.26.0", "1.0.0", "1.14.2", "1.15.0.dev0"], "outside": ["0.25.1", "1.15.0"]}},
         remove_when="TRL 0.26.0 - 1.14.x are no longer supported",
     ),
+    # -- a PeftModel's reference adapter when its LoRA uses target_parameters (TRL 0.27 - 1.9) ------------
+    # TRL 1.10.0's rule from both sides: a frozen "ref" copy where peft >= 0.20 accepts a second such adapter, the
+    # base model where peft refuses it. Their GRPOTrainer.__init__ wrappers act on the model passed in, around
+    # TRL's call; they stack inside zero3-peft-mixed-dtype, whose cast of a PeftModel's fp32 adapters (ZeRO-3,
+    # DeepSpeed 0.19.2) must come first: it casts only where the frozen parameters share one 16-bit dtype, and
+    # the "ref" copy, frozen, takes the dtype of the cast adapter.
+    Patch(
+        id="peft-target-parameters-ref-adapter",
+        summary="PeftModel with target_parameters LoRA and beta > 0 on peft < 0.20: no 'ref' adapter, the reference is "
+        "the base model, as TRL 1.7",
+        symptom="ValueError: Adding a LoRA config with `target_parameters=[...]` but there are already other LoRA adapters "
+        "on this model that use `target_parameters`. At the moment, only one LoRA adapter per model with "
+        "`target_parameters` is allowed.",
+        upstream="https://github.com/huggingface/trl/issues/5222 (fixed by PR #6043 in 1.7.0)",
+        fixed_in={"trl": "1.7.0"},
+        changes=("GRPOTrainer.__init__",),
+        # PR #4723 (42cce51cf, 0.27.0.dev0) made the "ref" adapter; PR #6043 (0591272af, 1.7.0.dev0) skips it. peft
+        # PR #2710 (0.17.1) brought the refusal, PR #3350 (0.20.0) lifted it: the probe reads peft's code for it
+        requires={"trl": affected("0.27.0", "1.7.0"), "peft": affected("0.17.1", "0.20.0")},
+        witnesses={
+            "trl": {"inside": ["0.27.0.dev0", "0.27.0", "0.29.1", "1.0.0", "1.6.0", "1.7.0.dev0"], "outside": ["0.26.2", "1.7.0"]},
+            "peft": {"inside": ["0.17.1", "0.18.1", "0.19.1"], "outside": ["0.17.0", "0.20.0"]},
+        },
+        remove_when="trl_compat no longer supports TRL 0.27.0 - 1.6.x on peft 0.17.1 - 0.19.x",
+    ),
+    Patch(
+        id="peft-target-parameters-ref-copy",
+        summary="PeftModel with target_parameters LoRA and beta > 0 on peft >= 0.20: the reference is a frozen 'ref' "
+        "copy of the adapter, as TRL 1.10",
+        symptom="silent: TRL 1.7 - 1.9 on peft >= 0.20 take the base model as the reference of a target_parameters "
+        "PeftModel (and warn that peft cannot copy it): the KL pulls a trained adapter towards zero",
+        upstream="TRL's grpo_trainer.py, changed between the 1.9.2 and 1.10.0 wheels (fixed in 1.10.0); peft PR #3350 "
+        "(0.20.0) allows the copy",
+        fixed_in={"trl": "1.10.0"},
+        changes=("GRPOTrainer.__init__",),
+        # PR #6043 (0591272af, 1.7.0.dev0) skips the copy for any target_parameters LoRA; 1.10.0 on peft < 0.20 only
+        requires={"trl": affected("1.7.0", "1.10.0"), "peft": affected("0.20.0")},
+        witnesses={
+            "trl": {"inside": ["1.7.0.dev0", "1.7.0", "1.9.2", "1.10.0.dev0"], "outside": ["1.6.0", "1.10.0"]},
+            "peft": {"inside": ["0.20.0", "0.21.2"], "outside": ["0.19.1"]},
+        },
+        remove_when="trl_compat no longer supports TRL 1.7.0 - 1.9.x",
+    ),
     # -- multi-process runs and DeepSpeed version breaks (TRL 0.2x) --------------------------------
     Patch(
         id="entropy-mask-gather-hang",
