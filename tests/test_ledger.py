@@ -385,3 +385,20 @@ def test_every_condition_reads_in_a_sentence():
     from trl_compat.ledger import audit
 
     assert set(audit.CONDITION_TEXT) == set(ledger.CONDITIONS)
+
+
+def test_a_condition_the_option_names_is_said_once():
+    """The audit's sentence and the run-time warning read ``(with use_transformers_paged)``, not
+    ``(with use_transformers_paged + use_transformers_paged)``; other conditions are still listed."""
+    from trl_compat.ledger import audit
+
+    bug = {
+        "summary": "continuous batching broken",
+        "source": "ledger",
+        "option": "use_transformers_paged",
+        "when": ["paged", "zero3"],
+        "fixed_in": "1.5.0",
+        "upstream": "https://github.com/huggingface/trl/pull/5818",
+    }
+    text = audit.describe(bug, audit.NOT_FIXABLE)
+    assert "(with use_transformers_paged + ZeRO-3)" in text, text

@@ -227,7 +227,9 @@ def describe(bug: dict, act: str, status: str = "") -> str:
     else:
         ends = f"fixed in TRL {bug['fixed_in']}"
     if bug["source"] == "ledger" and bug.get("option"):
-        when = f" with {bug['option']}" + (" + " + " + ".join(CONDITION_TEXT.get(c, c) for c in bug["when"]) if bug["when"] else "")
+        # a condition the option already names is said once ("use_transformers_paged", not "... + use_transformers_paged")
+        extra = [CONDITION_TEXT.get(c, c) for c in bug["when"] if CONDITION_TEXT.get(c, c) not in bug["option"]]
+        when = f" with {bug['option']}" + (" + " + " + ".join(extra) if extra else "")
     text = f"{bug['summary']}{' (' + when.strip() + ')' if when else ''}: {bug['upstream']}, {ends}"
     if act == FIXED:
         return text + "; trl_compat fixes it here"
