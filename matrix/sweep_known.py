@@ -159,4 +159,9 @@ KNOWN = {
     "vllm-server-reset-prefix-cache": lambda v, vs: _v(vs, "vllm") is not None and V("1.11.0") <= v < V("1.14.1"),
     # wheel diff 1.15.0..1.16.0#4: the server's --logprobs-mode, the user's choice from 1.11.0 (vLLM's own server)
     "server-logprobs-mode-check": lambda v, vs: _v(vs, "vllm") is not None and V("1.11.0") <= v < V("1.16.0"),
+    # ledger 0b2cd5c04 (PR #5176, 0.29.0), 1919c00d3 / b2b3045df (PR #5178, 0.29.1); the processor's output handed on
+    # as **forward_kwargs came with PR #4114 (9603b41d7, 0.24.0); transformers 5's processors return mm_token_type_ids
+    "vlm-mm-token-type-ids": lambda v, vs: (
+        V("0.24.0") <= v and _fixed_in(v, "0.29.1", "1.0.0") and _v(vs, "transformers") >= V("5.0.0")
+    ),
 }

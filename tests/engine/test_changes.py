@@ -211,8 +211,9 @@ LOSS = f"{GRPO_MODULE}:GRPOTrainer._compute_loss"
 
 def test_the_compute_loss_patches_stack_in_registry_order():
     """The patches that wrap GRPOTrainer._compute_loss, innermost first. Each acts on its own calls (dapo/cispo/vespo,
-    luspo, the entropy bonus of dapo/cispo/vespo, beta != 0 at the sequence level) and changes only what it declares
-    for the duration of TRL's call: kl-bias-correction-sequence, outermost, sets attributes none of the others reads."""
+    luspo, the entropy bonus of dapo/cispo/vespo, beta != 0 at the sequence level, a VLM batch's mm_token_type_ids) and
+    changes only what it declares for the duration of TRL's call: kl-bias-correction-sequence sets attributes none of
+    the others reads; vlm-mm-token-type-ids, outermost, only reads the inputs' mm_token_type_ids for the log-prob call."""
     declaring = [p.id for p in PATCHES if LOSS in [c if ":" in c else f"{p.trigger}:{c}" for c in p.changes]]
     derived = engine.stacking(LOSS)
     assert derived == [
@@ -220,5 +221,6 @@ def test_the_compute_loss_patches_stack_in_registry_order():
         "luspo-unmasked-loss",
         "entropy-coef-normalizer",  # reads the normaliser through dapo-generation-batch-normalizer's rescaled_inputs
         "kl-bias-correction-sequence",
+        "vlm-mm-token-type-ids",  # hands the inputs' mm_token_type_ids to the log-prob call (TRL 0.24 - 0.29.0)
     ]
     assert derived == declaring

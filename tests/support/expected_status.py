@@ -322,6 +322,7 @@ APPLIED = {
         "lm-head-fp32-sharded",
         "vlm-tool-messages",
         "peft-target-parameters-ref-adapter",
+        "vlm-mm-token-type-ids",
     },
     "trl0.28.0-tf4.57.6": {
         "kl-bias-correction-sequence",
@@ -365,6 +366,7 @@ APPLIED = {
         "lm-head-fp32-sharded",
         "vlm-tool-messages",
         "peft-target-parameters-ref-adapter",
+        "vlm-mm-token-type-ids",
     },
     "trl0.29.1-tf4.57.6": {
         "tools-template-prefix-check",

@@ -1617,6 +1617,40 @@ PATCHES = [
             "releases are no longer supported"
         ),
     ),
+    # -- vision-language models: the processor's mm_token_type_ids (TRL 0.24 - 0.29.0 on transformers 5) --------
+    # Last in the registry: it stacks above every other wrapper of the log-prob function (vllm-is-truncated-support
+    # binds its arguments to TRL's signature, which takes no mm_token_type_ids before 0.29.0: this one takes them
+    # out first), of _generate_and_score_completions and of _compute_loss (it adds a key to the batch, and reads
+    # the one the loss is handed).
+    Patch(
+        id="vlm-mm-token-type-ids",
+        summary="VLM processors returning mm_token_type_ids: every log-prob forward gets them, zeros over the "
+        "completion, as TRL 0.29.1",
+        symptom="TypeError: GRPOTrainer._get_per_token_logps_and_entropies() got an unexpected keyword argument "
+        "'mm_token_type_ids' (0.24 - 0.28); IndexError in the model's get_rope_index (0.29.0); the loss's forward without them",
+        upstream="https://github.com/huggingface/trl/pull/5178 (fixed in 0.29.1; PR #5176 made the log-prob function take "
+        "them in 0.29.0)",
+        fixed_in={"trl": "0.29.1"},
+        must_exist="GRPOTrainer._get_per_token_logps_and_entropies",
+        changes=(
+            "GRPOTrainer._get_per_token_logps_and_entropies",
+            "GRPOTrainer._generate_and_score_completions",
+            "GRPOTrainer._compute_loss",
+        ),
+        # trl: PR #4114 (9603b41d7, 0.24.0.dev0) hands the processor's output on as **forward_kwargs; PR #5178 reached
+        # 0.29.1 (main's 0.29.0.dev0 / 1.0.0.dev0 builds around it: the probe reads which). transformers: 4.x processors
+        # return mm_token_type_ids only when asked, which GRPO never does; 5.x's ERNIE-4.5-VL (and from 5.3 the
+        # Qwen-VL family and GLM-4V) return them unasked.
+        requires={"trl": affected("0.24.0", "0.29.1"), "transformers": affected("5.0.0")},
+        witnesses={
+            "trl": {
+                "inside": ["0.24.0.dev0", "0.24.0", "0.26.2", "0.27.1", "0.28.0", "0.29.0", "0.29.1.dev0"],
+                "outside": ["0.23.1", "0.29.1", "1.0.0"],
+            },
+            "transformers": {"inside": ["5.0.0", "5.2.0", "5.3.0", "5.16.1"], "outside": ["4.57.6"]},
+        },
+        remove_when="trl_compat no longer supports TRL 0.24 - 0.29.0 on transformers 5",
+    ),
 ]
 
 
