@@ -122,13 +122,13 @@ def test_widened_over_the_completion():
     import torch
 
     prompt = torch.tensor([[0, 1, 1, 0], [1, 1, 0, 0]])
-    assert torch.equal(widened(prompt, 2, 7, 3), torch.tensor([[0, 1, 1, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0]]))
+    assert torch.equal(widened(prompt, 2, 7, 3, "cpu"), torch.tensor([[0, 1, 1, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0]]))
     full = torch.ones(2, 7, dtype=torch.long)
-    assert widened(full, 2, 7, 3) is full  # already ids-shaped (the loss's)
-    assert torch.equal(widened([[1, 0], [0, 1]], 2, 3, 1), torch.tensor([[1, 0, 0], [0, 1, 0]]))  # a processor's lists
-    assert widened(prompt, 3, 7, 3) is None  # other rows
-    assert widened(prompt, 2, 8, 3) is None  # neither the ids' width nor the prompt's
-    assert widened(prompt[0], 1, 7, 3) is None
+    assert widened(full, 2, 7, 3, "cpu") is full  # already ids-shaped (the loss's)
+    assert torch.equal(widened([[1, 0], [0, 1]], 2, 3, 1, "cpu"), torch.tensor([[1, 0, 0], [0, 1, 0]]))  # a processor's lists
+    assert widened(prompt, 3, 7, 3, "cpu") is None  # other rows
+    assert widened(prompt, 2, 8, 3, "cpu") is None  # neither the ids' width nor the prompt's
+    assert widened(prompt[0], 1, 7, 3, "cpu") is None
 
 
 @needs_torch

@@ -141,12 +141,13 @@ _BATCH: contextvars.ContextVar[_Batch | None] = contextvars.ContextVar("trl_comp
 _LOSS: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("trl_compat_mm_loss", default=None)
 
 
-def widened(mm: Any, rows: int, width: int, completion: int):
+def widened(mm: Any, rows: int, width: int, completion: int, device: Any):
     """``mm`` as a ``(rows, width)`` tensor, zeros over the last ``completion`` columns where it covers the
-    prompt only (``width - completion`` columns), as PR #5178 extends it; None where its shape fits neither."""
+    prompt only (``width - completion`` columns), as PR #5178 extends it, on ``device`` (the ids'); None where its
+    shape fits neither."""
     import torch
 
-    mm = torch.as_tensor(mm)
+    mm = torch.as_tensor(mm, device=device)
     if mm.dim() != 2 or mm.shape[0] != rows:
         return None
     if mm.shape[1] == width:
@@ -210,9 +211,9 @@ def _for_output(batch: _Batch, output: dict):
         return None
     rows, completion = prompt_ids.shape[0], completion_ids.shape[1]
     for made in reversed(batch.made):
-        mm = widened(made, rows, prompt_ids.shape[1] + completion, completion)
+        mm = widened(made, rows, prompt_ids.shape[1] + completion, completion, prompt_ids.device)
         if mm is not None:
-            return mm.to(prompt_ids.device)
+            return mm
     _unfit(batch.made[-1], rows, prompt_ids.shape[1])
     return None
 
@@ -288,11 +289,10 @@ def _wrap_logps(original):
             return original(self, *args, **kwargs)
         input_ids, keep = bound.get("input_ids"), bound.get("logits_to_keep")
         rows, width = input_ids.shape[0], input_ids.shape[1]
-        wide = widened(mm, rows, width, int(keep or 0))
+        wide = widened(mm, rows, width, int(keep or 0), input_ids.device)
         if wide is None:
             _unfit(mm, rows, width)
             return original(self, *args, **kwargs)
-        wide = wide.to(input_ids.device)
         batch = _BATCH.get()
         if handed and batch is not None and batch.trainer is self:
             batch.handed = wide
