@@ -143,6 +143,7 @@ KNOWN = {
     ),
     # ledger record 1.9.2..1.10.0#3 (wheel diff): PR #6043's skip of the "ref" copy, also where peft >= 0.20 accepts it
     "peft-target-parameters-ref-copy": lambda v, vs: V("1.7.0") <= v < V("1.10.0") and (_v(vs, "peft") or V("0")) >= V("0.20.0"),
+    "vlm-ddp-find-unused": lambda v, vs: V("0.20.0") <= v < V("1.16.0"),
     # ledger f19fda4c0 (PR #5458, 1.1.0); the three-conversation prefix check came with 0.29.1
     "tools-template-prefix-check": lambda v, vs: V("0.29.1") <= v < V("1.1.0"),
     # ledger f9df7ba45 (PR #5212, 0.29.1: the tool role) and 0cb9667f3, d4caab865 (PRs #5440, #5496, 1.1.0: tool and

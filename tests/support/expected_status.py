@@ -179,6 +179,7 @@ APPLIED = {
         "reward-func-partial-name",
         "vllm-double-bos",
         "fsdp2-ignored-params-sync",
+        "vlm-ddp-find-unused",
     },
     "trl0.22.1-tf4.55.4": {
         "colocate-master-port",
@@ -196,6 +197,7 @@ APPLIED = {
         "scale-rewards-swapped",
         "vllm-double-bos",
         "fsdp2-ignored-params-sync",
+        "vlm-ddp-find-unused",
     },
     # 0.22.2: scale_rewards fixed
     "trl0.22.2-tf4.55.4": {
@@ -213,6 +215,7 @@ APPLIED = {
         "reward-func-partial-name",
         "vllm-double-bos",
         "fsdp2-ignored-params-sync",
+        "vlm-ddp-find-unused",
     },
     "trl0.23.1-tf4.56.2": {
         "colocate-master-port",
@@ -228,6 +231,7 @@ APPLIED = {
         "vllm-is-raw-logprobs",
         "vllm-serve-raw-logprobs",
         "fsdp2-ignored-params-sync",
+        "vlm-ddp-find-unused",
     },
     # TRL 0.24 - 0.25 truncate prompts with the tokenizer, on the side of the one passed
     "trl0.24.0-tf4.57.1": {
@@ -245,6 +249,7 @@ APPLIED = {
         "vllm-serve-raw-logprobs",
         "zero3-hooks-trace",
         "fsdp2-ignored-params-sync",
+        "vlm-ddp-find-unused",
     },
     # the same stack with DeepSpeed 0.19.2 and no vLLM: ZeRO-3 + LoRA on bf16 models
     "trl0.24.0-tf4.57.1-ds0.19.2": {
@@ -258,6 +263,7 @@ APPLIED = {
         "prompt-right-truncation",
         "reward-func-partial-name",
         "zero3-peft-mixed-dtype",
+        "vlm-ddp-find-unused",
     },
     # vLLM (stand-in) 0.11.2: before vllm-guided-decoding-import's 0.12
     "trl0.26.0-tf4.57.3": {
@@ -282,6 +288,7 @@ APPLIED = {
         "ref-model-like-policy",
         "lm-head-fp32-sharded",
         "vlm-tool-messages",
+        "vlm-ddp-find-unused",
     },
     # vLLM (stand-in) 0.14.0; the first release with the generation-config fix
     "trl0.26.2-tf4.57.3": {
@@ -304,6 +311,7 @@ APPLIED = {
         "ref-model-like-policy",
         "lm-head-fp32-sharded",
         "vlm-tool-messages",
+        "vlm-ddp-find-unused",
     },
     # TRL 0.27.1 on transformers 5.1.0 (peft 0.18.1, no vLLM, no deepspeed): the last release that sets warnings_issued
     # transformers 5: TRL 0.28 takes tools=[...]
@@ -323,6 +331,7 @@ APPLIED = {
         "vlm-tool-messages",
         "peft-target-parameters-ref-adapter",
         "vlm-mm-token-type-ids",
+        "vlm-ddp-find-unused",
     },
     "trl0.28.0-tf4.57.6": {
         "kl-bias-correction-sequence",
@@ -344,6 +353,7 @@ APPLIED = {
         "lm-head-fp32-sharded",
         "vlm-tool-messages",
         "peft-target-parameters-ref-adapter",
+        "vlm-ddp-find-unused",
     },
     "trl0.28.0-tf5.2.0": {
         "kl-bias-correction-sequence",
@@ -367,6 +377,7 @@ APPLIED = {
         "vlm-tool-messages",
         "peft-target-parameters-ref-adapter",
         "vlm-mm-token-type-ids",
+        "vlm-ddp-find-unused",
     },
     "trl0.29.1-tf4.57.6": {
         "tools-template-prefix-check",
@@ -389,6 +400,7 @@ APPLIED = {
         "lm-head-fp32-sharded",
         "vlm-tool-messages",
         "peft-target-parameters-ref-adapter",
+        "vlm-ddp-find-unused",
     },
     "trl0.29.1-tf5.2.0": {
         "tools-template-prefix-check",
@@ -412,6 +424,7 @@ APPLIED = {
         "lm-head-fp32-sharded",
         "vlm-tool-messages",
         "peft-target-parameters-ref-adapter",
+        "vlm-ddp-find-unused",
     },
     # TRL 1.x: stand-in vLLM 0.17.1 / 0.18.0 / 0.25.1 / 0.26.0 / 0.28.0; DeepSpeed 0.19.2 / 0.19.1 / 0.19.3 / - / -
     "trl1.0.0-tf4.57.6-ds0.19.2": {
@@ -437,6 +450,7 @@ APPLIED = {
         "ref-model-like-policy",
         "lm-head-fp32-sharded",
         "peft-target-parameters-ref-adapter",
+        "vlm-ddp-find-unused",
     },
     "trl1.4.0-tf5.5.4-ds0.19.1": {
         "kl-bias-correction-sequence",
@@ -459,6 +473,7 @@ APPLIED = {
         "ref-model-like-policy",
         "lm-head-fp32-sharded",
         "peft-target-parameters-ref-adapter",
+        "vlm-ddp-find-unused",
     },
     "trl1.9.2-tf5.14.1-ds0.19.3": {
         "kl-bias-correction-sequence",
@@ -471,6 +486,7 @@ APPLIED = {
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
         "ref-model-like-policy",
+        "vlm-ddp-find-unused",
     },
     # a user's install of 1.9.2 resolved today: no requests, no vLLM, no DeepSpeed
     "trl1.9.2-tf5.24.0-user": {
@@ -483,12 +499,14 @@ APPLIED = {
         "requests-optional",
         "ref-model-like-policy",
         "peft-target-parameters-ref-copy",
+        "vlm-ddp-find-unused",
     },
     # a user's install of 1.15.0 resolved today, the CPU torch: no Triton, no requests, no vLLM, no DeepSpeed
     "trl1.15.0-tf5.24.0-user": {
         "kl-bias-correction-sequence",
         "ref-model-like-policy",
         "fused-lm-head-no-triton",
+        "vlm-ddp-find-unused",
     },
     "trl1.10.0-tf5.14.1": {
         "kl-bias-correction-sequence",
@@ -498,6 +516,7 @@ APPLIED = {
         "vllm-is-truncated-support",
         "fsdp2-ignored-params-sync",
         "ref-model-like-policy",
+        "vlm-ddp-find-unused",
     },
     "trl1.12.0-tf5.16.1": {
         "kl-bias-correction-sequence",
@@ -512,6 +531,7 @@ APPLIED = {
         "ref-model-like-policy",
         "vllm-server-reset-prefix-cache",
         "server-logprobs-mode-check",
+        "vlm-ddp-find-unused",
     },
     "trl-newest": {
         "kl-bias-correction-sequence",
@@ -613,6 +633,7 @@ APPLIED = {
         "vllm-is-raw-logprobs",
         "vllm-serve-raw-logprobs",
         "fsdp2-ignored-params-sync",
+        "vlm-ddp-find-unused",
     },
     "vllm-cpu-real-0.10-trl0.24.0": {
         "dapo-generation-batch-normalizer",
@@ -628,6 +649,7 @@ APPLIED = {
         "vllm-is-truncated-support",
         "vllm-serve-raw-logprobs",
         "fsdp2-ignored-params-sync",
+        "vlm-ddp-find-unused",
     },
     # the real vLLM 0.17.1 env (matrix/vllm_cpu/lock-0.17.txt): transformers 4.57.6, peft 0.18.1, no deepspeed; the
     # trl1.0.0-tf4.57.6-ds0.19.2 cell's statuses but its two DeepSpeed patches
@@ -651,6 +673,7 @@ APPLIED = {
         "ref-model-like-policy",
         "lm-head-fp32-sharded",
         "vlm-tool-messages",
+        "vlm-ddp-find-unused",
     },
 }
 

@@ -1592,6 +1592,28 @@ PATCHES = [
         },
         remove_when="trl_compat no longer supports TRL 0.26.0 - 1.15.x",
     ),
+    # -- a VLM on several processes (TRL 0.20 - 1.15) --------------------------------------------------------
+    # its GRPOTrainer.__init__ wrapper acts after TRL's __init__ on args and the accelerator's DDP handler, which no
+    # other wrapper reads or changes: its place among the others does not matter
+    Patch(
+        id="vlm-ddp-find-unused",
+        summary="a VLM under DDP: ddp_find_unused_parameters=True unless the user set it or checkpointing is reentrant, as TRL 1.16.0",
+        symptom="RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one "
+        "(a text-only batch leaves the vision tower without gradients under gradient checkpointing)",
+        upstream="TRL's grpo_trainer.py, changed between the 1.15.0 and 1.16.0 wheels (fixed in 1.16.0); "
+        "https://github.com/huggingface/transformers/issues/49443",
+        fixed_in={"trl": "1.16.0"},
+        changes=("GRPOTrainer.__init__",),
+        # 0.20.0 brought the ProcessorMixin processing class (VLMs) into GRPOTrainer; 1.16.0 sets the flag itself
+        requires={"trl": affected("0.20.0", "1.16.0")},
+        witnesses={
+            "trl": {
+                "inside": ["0.20.0.dev0", "0.20.0", "0.22.1", "0.29.1", "1.0.0", "1.12.0", "1.15.0", "1.16.0.dev0"],
+                "outside": ["0.19.1", "1.16.0"],
+            }
+        },
+        remove_when="trl_compat no longer supports TRL 0.20.0 - 1.15.x",
+    ),
     # -- the KL term (TRL 0.26+) ---------------------------------------------------------------------------
     # Open upstream: no release has fixed it, so the window stays open and the probe watches for the fix.
     # kl-bias-correction-sequence wraps _compute_loss outermost: for the duration of TRL's call it sets
