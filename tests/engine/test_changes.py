@@ -193,6 +193,7 @@ def test_the_grpo_trainer_init_patches_stack_in_registry_order():
         "server-logprobs-mode-check",  # after TRL's __init__, only asks the vLLM server and logs
         "lm-head-fp32-sharded",  # after TRL's __init__, replaces the fp32 LM heads' forward
         "ref-model-like-policy",  # only notes the trainer being built, for its create_model_from_path wrapper
+        "vlm-ddp-find-unused",  # after TRL's __init__, only sets the DDP flag (args, the accelerator's handler)
     ]
     assert derived == declaring
     assert [pid for pid in (p.id for p in engine.registry()) if pid in derived] == derived

@@ -91,6 +91,7 @@ def test_the_init_patches_declare_it():
         "server-logprobs-mode-check",  # after TRL's __init__, only asks the vLLM server and logs (TRL 1.11 - 1.15)
         "lm-head-fp32-sharded",  # after TRL's __init__, replaces the fp32 LM heads' forward (TRL 0.25 - 1.8)
         "ref-model-like-policy",  # notes the trainer being built for its create_model_from_path wrapper (TRL 0.26+)
+        "vlm-ddp-find-unused",  # after TRL's __init__, sets the DDP flag on args and the accelerator (TRL 0.20 - 1.15)
     ]
 
 
