@@ -62,8 +62,9 @@ PATCH_ID = "vlm-ddp-find-unused"
 FIXED = "args.ddp_find_unused_parameters = True"
 # 0.20 on: isinstance(processing_class, ProcessorMixin) picks the processor's tokenizer
 TELLS_VLM = "isinstance(processing_class, ProcessorMixin)"
-# transformers' PreTrainedModel.gradient_checkpointing_enable: its kwargs where none are given
-_NON_REENTRANT_DEFAULT = 'gradient_checkpointing_kwargs = {"use_reentrant": False}'
+# transformers' PreTrainedModel.gradient_checkpointing_enable: its kwargs where none are given (5.x; named
+# gradient_checkpointing_kwargs, activation_checkpointing_kwargs from 5.2x)
+_NON_REENTRANT_DEFAULT = '_checkpointing_kwargs = {"use_reentrant": False}'
 
 
 def probe(module):
@@ -95,11 +96,12 @@ def transformers_default_reentrant() -> bool:
     (transformers 4: yes; 5: no). Unreadable: yes (the patch then leaves the run alone)."""
     from transformers import PreTrainedModel
 
-    try:
-        source = code(PreTrainedModel.gradient_checkpointing_enable)
+    names = ("gradient_checkpointing_enable", "activation_checkpointing_enable", "_activation_checkpointing_enable")
+    try:  # 5.2x: gradient_checkpointing_enable hands over to _activation_checkpointing_enable
+        sources = [code(getattr(PreTrainedModel, name)) for name in names if hasattr(PreTrainedModel, name)]
     except Exception:  # noqa: BLE001 - any failure to read means: unknown
         return True
-    return _NON_REENTRANT_DEFAULT not in source
+    return not any(_NON_REENTRANT_DEFAULT in source for source in sources)
 
 
 def reenables_with_defaults(module) -> bool:
