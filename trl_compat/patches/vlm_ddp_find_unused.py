@@ -12,16 +12,18 @@ The bug
     ``GRPOConfig`` turns on by default from 0.22 (0.20 - 0.21: when the user asks). Non-reentrant
     checkpointing, which DDP with ``find_unused_parameters=True`` supports, is GRPO's default on
     transformers < 5 from TRL 0.27 and transformers 5's own default; TRL handles a ``ProcessorMixin``
-    (a VLM) in ``GRPOTrainer`` from 0.20.0. Reentrant checkpointing (transformers 4's default before TRL
-    0.27) cannot be combined with unused-parameter detection ("Expected to mark a variable ready only
-    once"): a text-only batch fails there either way, and neither TRL nor this patch changes it.
+    (a VLM) in ``GRPOTrainer`` from 0.20.0. Reentrant checkpointing (transformers 4's default, and on
+    transformers 4 what TRL 0.22 - 1.15 bring back after each generation, see below) cannot be combined
+    with unused-parameter detection ("Expected to mark a variable ready only once"): a text-only batch
+    fails there either way, and neither TRL nor this patch changes it.
     Upstream: TRL 1.16.0 (``GRPOTrainer.__init__``) sets ``args.ddp_find_unused_parameters = True`` for a
     VLM when the user left it unset and ``use_reentrant`` is not asked for.
 
 How the probe recognises it
     ``GRPOTrainer.__init__`` (comments dropped) sets ``args.ddp_find_unused_parameters = True``: not
     needed. It tells a ``ProcessorMixin`` processing class (a VLM) from a tokenizer without it: needed.
-    Anything else (the processing class handled elsewhere): undecided.
+    No ``ProcessorMixin`` in ``__init__`` at all (TRL < 0.20, main before VLM support): not needed.
+    Anything else (the processor handled in a way not known here): undecided.
 
 The fix
     After TRL's ``__init__`` (``_helpers.trainer_init``), for a VLM trainer (TRL's ``_is_vlm``; before 1.x,
