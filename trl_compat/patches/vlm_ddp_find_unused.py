@@ -43,7 +43,8 @@ The fix
 Run time: the patch's own reading of the trainer runs inside ``guarded(...)``: on an error DDP keeps
 transformers' choice (TRL's behaviour).
 
-Delete when: trl_compat no longer supports TRL 0.20.0 - 1.15.x
+Delete when: trl_compat no longer supports TRL 0.20.0 - 1.15.x (the registry's ``remove_when``; a test holds
+the two equal).
 """
 
 from __future__ import annotations
