@@ -311,6 +311,8 @@ def test_run_conditions_of_the_options_users_turn_on():
         use_vllm=True,
         vllm_mode="server",
         vllm_guided_decoding_regex=r"\d+",
+        gradient_checkpointing=True,
+        gradient_checkpointing_kwargs={"use_reentrant": False},
     )
     vlm = types.SimpleNamespace(config=types.SimpleNamespace(vision_config=object()), generation_config=object())
     call = {"reward_funcs": ["some/reward-model", print]}
@@ -325,7 +327,11 @@ def test_run_conditions_of_the_options_users_turn_on():
         "structured_outputs",
         "vlm",
         "reward_model",
+        "gc_kwargs",
     }
+    # checkpointing on with TRL's own (empty) kwargs: nothing of the user's to lose
+    plain_gc = types.SimpleNamespace(gradient_checkpointing=True, gradient_checkpointing_kwargs=None)
+    assert "gc_kwargs" not in runtime.run_conditions(plain_gc, None, {})
     # what a plain text run with one reward function and the defaults meets: none of them
     text = types.SimpleNamespace(config=types.SimpleNamespace(vision_config=None), generation_config=object())
     defaults = types.SimpleNamespace(beta=0.0, off_policy_mask_threshold=None, num_generations_eval=None)
