@@ -32,6 +32,7 @@ TRL = installed("trl")
 IN_WINDOW = TRL is not None and Version("0.25.0") <= TRL < Version("1.9.0")
 MISMATCH = re.compile(r"same dtype, but got: float != c10::BFloat16")
 needs_trl = pytest.mark.skipif(TRL is None, reason="needs trl")
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
 needs_window = pytest.mark.skipif(not IN_WINDOW, reason=f"TRL {TRL} outside 0.25.0 - 1.8.x")
 needs_zero3 = pytest.mark.skipif(
     not IN_WINDOW or importlib.util.find_spec("deepspeed") is None, reason=f"needs deepspeed and TRL 0.25 - 1.8 (here {TRL})"
@@ -151,6 +152,7 @@ def _tiny_lm(module_name="fake_grpo"):
     return model
 
 
+@needs_torch
 def test_walk_casts_trls_hooked_linears_only():
     from trl_compat.patches import lm_head_fp32_sharded as patch
 
@@ -168,6 +170,7 @@ def test_walk_casts_trls_hooked_linears_only():
     assert out.dtype == torch.float32 and torch.equal(out, expected)
 
 
+@needs_torch
 def test_a_copy_of_the_model_computes_with_its_own_weights():
     """The forward is bound to its module: deepcopy binds the copy's forward to the copied head (a closure over
     the head, as TRL 1.9's, would keep computing with the original's weights)."""

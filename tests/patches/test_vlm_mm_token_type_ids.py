@@ -153,7 +153,7 @@ def test_each_forward_gets_its_chunks_rows():
 
 
 def test_the_processor_records_during_a_batch_only():
-    from trl_compat.patches import vlm_mm_token_type_ids as patch
+    from trl_compat.patches.vlm_mm_token_type_ids import batch as batch_side
 
     class Processor:
         def __call__(self, images=None, text=None):
@@ -161,16 +161,16 @@ def test_the_processor_records_during_a_batch_only():
             return {**out, "pixel_values": [[0.0]]} if images is not None else out
 
     processor = Processor()
-    recording = patch.recording(Processor)
-    assert recording is patch.recording(Processor) and recording.__name__ == "Processor"
-    assert patch._swap_class(processor, recording)
-    batch = patch._Batch(trainer=None)
-    token = patch._BATCH.set(batch)
+    recording = batch_side.recording(Processor)
+    assert recording is batch_side.recording(Processor) and recording.__name__ == "Processor"
+    assert batch_side._swap_class(processor, recording)
+    batch = batch_side._Batch(trainer=None)
+    token = batch_side._BATCH.set(batch)
     try:
         processor(images=["img"], text=["t"])
         processor(text=["t"])  # no image processed: not the one the forwards need
     finally:
-        patch._BATCH.reset(token)
+        batch_side._BATCH.reset(token)
     processor(images=["img"], text=["t"])  # outside a batch: nothing noted
     processor.__class__ = Processor
     assert batch.made == [[[0, 1]]]
