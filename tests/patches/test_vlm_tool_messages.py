@@ -176,7 +176,7 @@ _0_24 = "def prepare_multimodal_messages(messages, num_images):\n    return None
         (_1_2, False),
         ("", False),
         (_UNKNOWN, None),
-        (_0_24, None),
+        (_0_24, False),  # TRL 0.20 - 0.25: no tool calling
     ],
     ids=["0.26-0.29.0", "0.29.1-1.0", "main-before-5496", "1.1.0", "1.2.0", "no-function", "unknown", "num_images"],
 )

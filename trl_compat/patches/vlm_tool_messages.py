@@ -38,7 +38,7 @@ How the probe recognises it
     (``== "tool" : continue``): needed (0.29.1 - 1.0.x, main before PR #5496). It wraps every string
     (``isinstance(message.get("content"), str)``): not needed (1.1.0 on). It has an ``assistant``
     branch, raises, and has no ``tool`` branch: needed (0.26.0 - 0.29.0). No such function in the
-    module: not needed. Any other shape: undecided.
+    module, or TRL 0.20 - 0.25's ``(messages, num_images)`` (no tool calling before 0.26.0): not needed. Any other shape: undecided.
 
 The fix
     ``prepare_multimodal_messages`` is wrapped where the trainer module binds it, in ``trl.data_utils``
@@ -97,6 +97,10 @@ def probe(module):
         parameters = inspect.signature(unwrap(prepare)).parameters
     except (TypeError, ValueError):
         parameters = {}
+    if "messages" in parameters and "num_images" in parameters:
+        # TRL 0.20 - 0.25: prepare_multimodal_messages(messages, num_images), in place; no tool calling before
+        # PR #4300 (0.26.0), so no tool turns in a prompt
+        return not_needed(f"{NAME}(messages, num_images) of TRL < 0.26: no tool calling, no tool turns in VLM prompts")
     if "messages" not in parameters or "images" not in parameters:
         return undecided(f"{NAME} does not take messages and images, as this patch knows it")
     body = code(prepare)
