@@ -311,8 +311,6 @@ def test_run_conditions_of_the_options_users_turn_on():
         use_vllm=True,
         vllm_mode="server",
         vllm_guided_decoding_regex=r"\d+",
-        gradient_checkpointing=True,
-        gradient_checkpointing_kwargs={"use_reentrant": False},
     )
     vlm = types.SimpleNamespace(config=types.SimpleNamespace(vision_config=object()), generation_config=object())
     call = {"reward_funcs": ["some/reward-model", print]}
@@ -327,11 +325,7 @@ def test_run_conditions_of_the_options_users_turn_on():
         "structured_outputs",
         "vlm",
         "reward_model",
-        "gc_kwargs",
     }
-    # checkpointing on with TRL's own (empty) kwargs: nothing of the user's to lose
-    plain_gc = types.SimpleNamespace(gradient_checkpointing=True, gradient_checkpointing_kwargs=None)
-    assert "gc_kwargs" not in runtime.run_conditions(plain_gc, None, {})
     # what a plain text run with one reward function and the defaults meets: none of them
     text = types.SimpleNamespace(config=types.SimpleNamespace(vision_config=None), generation_config=object())
     defaults = types.SimpleNamespace(beta=0.0, off_policy_mask_threshold=None, num_generations_eval=None)
@@ -349,8 +343,9 @@ def test_every_opt_in_record_is_matched_at_run_time_or_says_why_not():
 
     no_condition = {r["change"] for r in ledger.read_records() if ledger.verdict_kind(r["verdict"]) == "opt-in" and not r["when"]}
     # reward functions returning None: known only once rewards are computed; TRL's CLI scripts: the
-    # crash comes before any trainer is built
-    assert no_condition == {"87fbb831d", "1.12.0..1.13.0:trl/trainer/utils.py#1"}
+    # crash comes before any trainer is built; checkpointing's kwargs dropped after each generation: TRL's own
+    # default kwargs are dropped too, so every run with gradient checkpointing on transformers 4 meets it
+    assert no_condition == {"87fbb831d", "1.12.0..1.13.0:trl/trainer/utils.py#1", "1.15.0..1.16.0:trl/models/utils.py#1"}
 
 
 def test_runtime_warns_for_an_unfixed_bug_whose_conditions_the_run_meets(stack, caplog):

@@ -59,7 +59,6 @@ CONDITIONS = (
     "torch_compile",
     "structured_outputs",  # vLLM's regex-constrained decoding
     "lm_head_fp32",  # cast_lm_head_to_fp32
-    "gc_kwargs",  # gradient checkpointing with gradient_checkpointing_kwargs of the user's
 )
 
 Record = dict[str, str]

@@ -59,7 +59,6 @@ CONDITION_TEXT = {
     "torch_compile": "torch_compile",
     "structured_outputs": "vLLM structured outputs",
     "lm_head_fp32": "cast_lm_head_to_fp32",
-    "gc_kwargs": "gradient_checkpointing_kwargs",
 }
 
 

@@ -119,8 +119,6 @@ def _loss_conditions(args: Any, call: dict[str, Any]) -> set[str]:
         found.add("kl")
     if getattr(args, "off_policy_mask_threshold", None) is not None:
         found.add("opsm")
-    if getattr(args, "gradient_checkpointing", False) and getattr(args, "gradient_checkpointing_kwargs", None):
-        found.add("gc_kwargs")
     reward_funcs = call.get("reward_funcs")
     reward_funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     # a reward model is named by its id or passed as a model; a reward function is a plain callable
