@@ -40,7 +40,7 @@ if TYPE_CHECKING:
         status,
     )
 
-__version__ = "0.10.0"
+__version__ = "0.10.1.dev0"
 
 __all__ = [
     "APPLIED",
